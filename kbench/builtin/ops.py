@@ -1,0 +1,10 @@
+"""Default plugin: the core's ops."""
+from __future__ import annotations
+
+import kbench
+from kbench.ops.attention import AttentionOp
+
+
+@kbench.hookimpl
+def kbench_register_ops(registry):
+    registry.add_op(AttentionOp())

@@ -1,0 +1,76 @@
+"""The ``kbench`` command group. Commands live in kbench/commands/ and in plugins.
+
+Errors of the KbenchError family become one clean message and the family's exit code here,
+at the edge; nothing below this module prints tracebacks for bad input.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from kbench import __version__
+from kbench.errors import KbenchError
+
+
+class KbenchClickError(click.ClickException):
+    def __init__(self, error: KbenchError) -> None:
+        super().__init__(error.format())
+        self.exit_code = error.exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"kbench: error: {self.format_message()}", err=True)
+
+
+class KbenchGroup(click.Group):
+    """Loads plugins (default, entry points, ``-p``) before resolving a command, so plugins can add commands."""
+
+    def _ensure_plugins(self, ctx: click.Context) -> None:
+        if getattr(self, "_plugins_loaded", False):
+            return
+        from kbench.plugins import get_plugin_manager
+
+        extra = tuple((ctx.params or {}).get("plugins") or ()) if ctx else ()
+        try:
+            pm = get_plugin_manager(extra)
+            pm.hook.kbench_register_commands(cli=self)
+        except KbenchError as exc:
+            raise KbenchClickError(exc) from exc
+        self._plugins_loaded = True
+
+    def list_commands(self, ctx):
+        self._ensure_plugins(ctx)
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        self._ensure_plugins(ctx)
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KbenchError as exc:
+            raise KbenchClickError(exc) from exc
+
+
+@click.group(cls=KbenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kbench")
+@click.option("-p", "--plugin", "plugins", multiple=True, metavar="MODULE",
+              help="Load MODULE as a plugin (repeatable; also KBENCH_PLUGINS=a,b).")
+@click.pass_context
+def cli(ctx: click.Context, plugins: tuple[str, ...]) -> None:
+    """kbench: benchmark attention kernels with checked correctness and sound timing."""
+    from kbench.plugins import get_plugin_manager
+
+    ctx.obj = get_plugin_manager(plugins)
+
+
+def main(argv: list[str] | None = None) -> None:
+    # keep litellm from fetching its model cost map over the network at import
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    cli.main(args=argv, prog_name="kbench")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

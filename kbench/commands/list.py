@@ -1,0 +1,46 @@
+"""``kbench list``: plugins, ops, devices, backends and hardware profiles, each with availability."""
+from __future__ import annotations
+
+import click
+
+from kbench.tables import render
+
+
+def _avail(obj) -> str:
+    try:
+        reason = obj.available()
+    except Exception as exc:  # noqa: BLE001 - a plugin's availability check must not end the listing
+        return f"error: {type(exc).__name__}: {exc}"
+    return "available" if not reason else f"unavailable: {reason}"
+
+
+@click.command("list")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True)
+@click.pass_obj
+def list_command(pm, fmt):
+    """List what the installed plugins provide, and why anything is unavailable."""
+    reg = pm.registry
+    sections = {
+        "plugins": (("name", "module", "from"), [(i.name, i.module, i.source) for i in pm.infos]),
+        "ops": (("op", "plugin", "description"),
+                [(o.name, reg.owner("op", o.name), o.description) for o in reg.ops.values()]),
+        "devices": (("device", "plugin", "status"),
+                    [(d.name, reg.owner("device", d.name), _avail(d)) for d in reg.devices.values()]),
+        "backends": (("backend", "op", "device", "plugin", "status"),
+                     [(b.name, b.op, b.device, reg.owner("backend", b.name), _avail(b))
+                      for b in sorted(reg.backends.values(), key=lambda b: (b.op, b.name))]),
+        "substrates": (("substrate", "device", "plugin", "status"),
+                       [(s.name, s.device, reg.owner("substrate", s.name), _avail(s))
+                        for s in reg.substrates.values()]),
+        "hardware": (("profile", "title", "plugin", "source"),
+                     [(h.name, h.title, reg.owner("hardware", h.name), h.source) for h in reg.hardware.values()]),
+    }
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps({k: [dict(zip(h, r)) for r in rows] for k, (h, rows) in sections.items()}, indent=1))
+        return
+    for title, (headers, rows) in sections.items():
+        click.echo(f"{title}:")
+        click.echo(render(headers, rows, fmt) if rows else "  (none)")
+        click.echo()

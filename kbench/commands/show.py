@@ -1,0 +1,28 @@
+"""``kbench show RESULT``: the records of a result file as a table."""
+from __future__ import annotations
+
+import click
+
+from kbench.tables import FORMATS, records_table, status_summary
+
+
+@click.command("show")
+@click.argument("result", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
+def show_command(result, fmt, keyword):
+    """Print the records of RESULT (a result JSON file)."""
+    from kbench.results import load_result
+    from kbench.selection import Keyword
+
+    data = load_result(result)
+    kw = Keyword(keyword)
+    records = [r for r in data["records"] if kw.matches(r["backend"], r["case_id"])]
+    if fmt in ("table", "markdown"):
+        hw = (data.get("hardware") or {}).get("title", "no hardware profile")
+        state = "complete" if data["complete"] else f"INCOMPLETE ({data.get('interrupted') or 'still running or killed'})"
+        click.echo(f"{data['suite']['name']} on {data['machine']['id']} ({data['device']}, {hw}), "
+                   f"{data['created']}, {state}\n")
+    click.echo(records_table(records, fmt))
+    if fmt in ("table", "markdown"):
+        click.echo(f"\n{status_summary(records)}")

@@ -1,0 +1,93 @@
+"""The kbench plugin API: every hook a plugin may implement.
+
+Hooks are called with keyword arguments; an implementation may accept any subset of the
+arguments named here. Registration hooks receive a :class:`kbench.registry.Registry`; the
+core, not the plugin, refuses duplicate names and names both plugins in the error.
+
+Implement a hook with ``@kbench.hookimpl`` in a module that is either one of the core's
+default plugins, an entry point in group ``kbench``, or named with ``-p MODULE`` /
+``KBENCH_PLUGINS``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from kbench.devices import Device
+    from kbench.hardware import HardwareProfile
+    from kbench.registry import Registry
+
+hookspec = pluggy.HookspecMarker("kbench")
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration: called once per process, when the plugin manager is built.
+# ---------------------------------------------------------------------------------------------
+
+@hookspec
+def kbench_register_ops(registry: Registry) -> None:
+    """Register ops (mathematical functions with a parameter space) with ``registry.add_op(op)``.
+
+    Fires first, before backends, so backends may name ops from any plugin.
+    """
+
+
+@hookspec
+def kbench_register_devices(registry: Registry) -> None:
+    """Register devices (where arrays live and how time is read) with ``registry.add_device(device)``.
+
+    A device whose runtime is missing is still registered; its ``available()`` says why not.
+    """
+
+
+@hookspec
+def kbench_register_backends(registry: Registry) -> None:
+    """Register backends with ``registry.add_backend(backend)``.
+
+    Register unconditionally and import heavy libraries lazily: a backend whose library or
+    hardware is missing reports ``available() -> "reason"`` instead of not registering.
+    """
+
+
+@hookspec
+def kbench_register_kernel_substrates(registry: Registry) -> None:
+    """Register substrates for single-file kernels with ``registry.add_substrate(substrate)``.
+
+    A substrate (``numpy``, ``triton``, ``cupy``) says on which device a kernel file runs and how
+    the harness's arrays are handed to its function. See :mod:`kbench.kernelfile`.
+    """
+
+
+@hookspec
+def kbench_register_hardware(registry: Registry) -> None:
+    """Register hardware profiles (peak rates, bandwidth, capacity) with ``registry.add_hardware(p)``."""
+
+
+@hookspec
+def kbench_register_commands(cli: click.Group) -> None:
+    """Add click commands to the ``kbench`` command group with ``cli.add_command(cmd)``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection and environment: called during a run.
+# ---------------------------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def kbench_detect_hardware(device: Device, registry: Registry) -> HardwareProfile | None:
+    """Return the hardware profile that describes ``device`` on this machine, or ``None``.
+
+    ``firstresult``: the first non-``None`` answer wins; plugins registered later are asked first,
+    so a third-party plugin can override a built-in detection.
+    """
+
+
+@hookspec
+def kbench_environment() -> dict[str, Any]:
+    """Return facts to record in each result's ``environment`` (library versions, driver, ...).
+
+    Must be fast and must not fail: return ``{}`` when the library is absent.
+    """

@@ -1,0 +1,129 @@
+"""Single-file kernels as backends: ``kbench run SUITE -b path/to/kernel.py``.
+
+A kernel file is a Python module that defines a function named after the op (``attention``)
+with the signature ``attention(q, k, v, out, *, causal, scale, **tunables)``; it writes into
+``out`` or returns the result. Optional module globals:
+
+``SUBSTRATE``  which substrate runs it: ``numpy`` (default, CPU), ``triton`` or ``cupy`` (CUDA,
+               from the plugins that provide them)
+``OP``         the op it implements (default ``attention``)
+``TUNABLES``   ``{name: {"default": value, "choices": [values...]}}``, knobs that do not change the
+               result; the evolve plugin's ``mutate`` operator perturbs them
+``NAME``       backend name (default ``file:<stem>``)
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from kbench.backends import Backend, Tunable
+from kbench.errors import BadInput
+from kbench.ops import Case
+
+
+class Substrate:
+    """How a kernel file's function is run: its device and how arrays are handed to it."""
+
+    name: str = ""
+    device: str = "cpu"
+
+    def available(self) -> str | None:
+        return None
+
+    def adapt(self, fn: Callable[..., Any], case: Case, kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """Wrap the file's function into a backend kernel ``run(**inputs, out=out)``."""
+        def run(out, **inputs):
+            return fn(*inputs.values(), out, **kwargs)
+        return run
+
+
+class NumpySubstrate(Substrate):
+    name = "numpy"
+    device = "cpu"
+
+
+@dataclass
+class KernelSource:
+    path: Path
+    text: str
+    module: Any
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def load_kernel_module(path: str | Path, *, module_name: str | None = None) -> KernelSource:
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput("kernel file not found", file=str(path), fix="give the path of a .py file")
+    text = path.read_text(encoding="utf-8")
+    name = module_name or f"kbench_kernel_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's file; say what broke
+        sys.modules.pop(name, None)
+        raise BadInput(f"kernel file failed to import: {type(exc).__name__}: {exc}", file=str(path),
+                       fix="run `python FILE` to see the full traceback") from exc
+    return KernelSource(path, text, module)
+
+
+class KernelFileBackend(Backend):
+    """A backend made from one kernel file. Untrusted by default: it runs in a worker when isolated."""
+
+    def __init__(self, path: str | Path, registry, *, name: str | None = None,
+                 settings: Mapping[str, Any] | None = None, trusted: bool = False) -> None:
+        self.source = load_kernel_module(path)
+        module = self.source.module
+        self.source_path = str(self.source.path)
+        self.op = getattr(module, "OP", "attention")
+        self._op = registry.op(self.op)
+        self.name = name or getattr(module, "NAME", None) or f"file:{self.source.path.stem}"
+        sub_name = getattr(module, "SUBSTRATE", "numpy")
+        if sub_name not in registry.substrates:
+            raise BadInput(f"unknown SUBSTRATE {sub_name!r}", file=str(path),
+                           fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
+        self.substrate = registry.substrates[sub_name]
+        self.device = self.substrate.device
+        self.trusted = trusted
+        self.description = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else f"kernel file {path}"
+        self.fn = getattr(module, self.op, None)
+        if not callable(self.fn):
+            raise BadInput(f"kernel file defines no function {self.op!r}", file=str(path),
+                           fix=f"define `def {self.op}(q, k, v, out, *, causal, scale, **tunables)`")
+        self.tunables = {k: _tunable(k, v, path) for k, v in dict(getattr(module, "TUNABLES", {})).items()}
+        settings = dict(settings or {})
+        unknown = set(settings) - set(self.tunables)
+        if unknown:
+            raise BadInput(f"unknown tunable(s) {', '.join(sorted(unknown))}", file=str(path),
+                           fix=f"declared tunables: {', '.join(sorted(self.tunables)) or 'none'}")
+        self.settings = {k: settings.get(k, t.default) for k, t in self.tunables.items()}
+
+    def available(self) -> str | None:
+        return self.substrate.available()
+
+    def supports(self, case: Case) -> str | None:
+        check = getattr(self.source.module, "supports", None)
+        return check(dict(case.params)) if callable(check) else None
+
+    def prepare(self, case: Case):
+        kwargs = {**self._op.kernel_kwargs(case), **self.settings}
+        return self.substrate.adapt(self.fn, case, kwargs)
+
+    def info(self) -> dict[str, Any]:
+        return {"kernel_file": self.source_path, "sha256": self.source.sha256, "substrate": self.substrate.name,
+                "tunables": dict(self.settings)}
+
+
+def _tunable(name: str, spec: Any, path) -> Tunable:
+    if isinstance(spec, Mapping) and "default" in spec:
+        return Tunable(spec["default"], tuple(spec.get("choices", ())), spec.get("help", ""))
+    raise BadInput(f"TUNABLES[{name!r}] must be a mapping with 'default' (and optional 'choices')",
+                   file=str(path), fix=f'TUNABLES = {{"{name}": {{"default": 64, "choices": [32, 64, 128]}}}}')

@@ -1,0 +1,164 @@
+"""Ops: mathematical functions with a parameter space, their inputs, float64 reference and costs."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from kbench.enums import DType
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op's space."""
+
+    name: str
+    type: type
+    default: Any = _REQUIRED
+    choices: tuple = ()
+    minimum: int | None = None
+    short: str = ""        # name used in case ids, e.g. "sq" for seqlen_q
+    help: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of a suite's grid: an op and fully resolved parameters, with a stable id."""
+
+    op: str
+    params: Mapping[str, Any]
+    id: str = field(compare=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.params[key]
+
+    @property
+    def dtype(self) -> DType:
+        return DType(self.params["dtype"])
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+class CaseError(ValueError):
+    """A parameter combination the op cannot describe; the message says which and why."""
+
+
+class Op(ABC):
+    """Base of every op. Subclasses declare ``name`` and ``parameters`` and the maths."""
+
+    name: str = ""
+    description: str = ""
+    parameters: tuple[Param, ...] = ()
+    #: one name that sets several parameters at once, e.g. ``seqlen`` -> seqlen_q and seqlen_kv
+    aliases: Mapping[str, tuple[str, ...]] = {}
+    #: the names of the arrays the backend receives, in call order
+    input_names: tuple[str, ...] = ()
+
+    # -- parameters and cases ------------------------------------------------------------------
+
+    def make_case(self, raw: Mapping[str, Any]) -> Case:
+        """Resolve aliases and defaults, check types and ranges; raise CaseError with the reason."""
+        known = {p.name: p for p in self.parameters}
+        params: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in self.aliases:
+                for target in self.aliases[key]:
+                    if target in raw:
+                        raise CaseError(f"{key!r} and {target!r} both given; {key!r} sets {target!r}")
+                    params[target] = value
+            elif key in known:
+                params[key] = value
+            else:
+                names = sorted(list(known) + list(self.aliases))
+                raise CaseError(f"unknown parameter {key!r} for op {self.name!r}; known: {', '.join(names)}")
+        resolved: dict[str, Any] = {}
+        for p in self.parameters:
+            if p.name not in params:
+                if p.required:
+                    raise CaseError(f"parameter {p.name!r} of op {self.name!r} is required")
+                resolved[p.name] = p.default
+                continue
+            value = params[p.name]
+            if p.type is bool:
+                if not isinstance(value, bool):
+                    raise CaseError(f"{p.name!r} must be true or false, got {value!r}")
+            elif p.type is int:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise CaseError(f"{p.name!r} must be an integer, got {value!r}")
+                if p.minimum is not None and value < p.minimum:
+                    raise CaseError(f"{p.name!r} must be >= {p.minimum}, got {value}")
+            elif p.type is str:
+                value = str(value)
+            if p.choices and value not in p.choices:
+                raise CaseError(f"{p.name!r} must be one of {', '.join(map(str, p.choices))}; got {value!r}")
+            resolved[p.name] = value
+        self.validate(resolved)
+        return Case(self.name, resolved, self.case_id(resolved))
+
+    def validate(self, params: Mapping[str, Any]) -> None:
+        """Cross-parameter checks; raise CaseError."""
+
+    def case_id(self, params: Mapping[str, Any]) -> str:
+        parts = []
+        for p in self.parameters:
+            v = params[p.name]
+            if p.type is bool:
+                parts.append(p.short or p.name if v else f"no{p.short or p.name}")
+            elif p.name == "dtype":
+                parts.append(str(v))
+            else:
+                parts.append(f"{p.short or p.name}={v}")
+        return f"{self.name}[{','.join(parts)}]"
+
+    def group_key(self, case: Case) -> str:
+        """Which cases belong together in a summary (geomean rows, plot panels)."""
+        return case.id
+
+    # -- data and maths ------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+        """Seeded host inputs in the case's dtype, keyed by ``input_names``."""
+
+    @abstractmethod
+    def output_shape(self, case: Case) -> tuple[int, ...]:
+        """Shape of the output array (its dtype is the case's dtype)."""
+
+    @abstractmethod
+    def reference(self, case: Case, inputs: Mapping[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
+        """float64 reference from the exact inputs; restricted to ``rows`` (see ``select``) if given."""
+
+    def sample_rows(self, case: Case, max_rows: int, rng: np.random.Generator) -> np.ndarray | None:
+        """Rows to check for large cases (None = check everything)."""
+        return None
+
+    def select(self, case: Case, output: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        """The part of a full output that ``reference(..., rows)`` describes."""
+        return output
+
+    @abstractmethod
+    def flops(self, case: Case) -> float: ...
+
+    @abstractmethod
+    def min_bytes(self, case: Case) -> float:
+        """Bytes that must cross DRAM at least once (inputs read, output written)."""
+
+    def footprint(self, case: Case) -> float:
+        """Bytes that must be resident in device memory for the case to run."""
+        return self.min_bytes(case)
+
+    def kernel_kwargs(self, case: Case) -> dict[str, Any]:
+        """Keyword arguments a kernel file's function receives besides the arrays and ``out``."""
+        return {}
+
+    def tolerance(self, case: Case) -> float:
+        return case.dtype.default_tolerance

@@ -1,0 +1,177 @@
+"""``kbench run``: a suite on one device -> a result file, one record at a time.
+
+The parent owns the suite, the result file and the screen. Each (backend, case) goes to an
+executor: in-process here, or a worker process (kbench.workers) for isolation; both call
+:func:`kbench.execute.execute`, so moving work into a worker changes nothing else.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+from kbench import __version__
+from kbench.backends import Backend
+from kbench.enums import Status
+from kbench.errors import BadInput
+from kbench.execute import ExecContext, execute
+from kbench.ops import Case
+from kbench.plugins import PluginManager
+from kbench.results import ResultWriter
+from kbench.selection import Keyword
+from kbench.suite import DevicePlan, Suite
+
+
+class Executor(Protocol):
+    def __call__(self, backend: Backend, case: Case) -> dict[str, Any]: ...
+
+
+def pick_device(pm: PluginManager, requested: str) -> str:
+    reg = pm.registry
+    if requested != "auto":
+        dev = reg.device(requested)
+        reason = dev.available()
+        if reason:
+            raise BadInput(f"device {requested!r} is not available: {reason}", where="--device",
+                           fix="use --device cpu, or --device auto to pick what is available")
+        return requested
+    # prefer an accelerator when one is usable; the CPU is always there
+    for name in sorted(reg.devices, key=lambda n: n == "cpu"):
+        if reg.devices[name].available() is None:
+            return name
+    return "cpu"
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(pm: PluginManager) -> dict[str, Any]:
+    env: dict[str, Any] = {"kbench": __version__, "python": platform.python_version(),
+                           "executable": sys.executable, "git_commit": git_commit()}
+    plugins = {}
+    for info in pm.infos:
+        top = info.module.split(".")[0]
+        try:
+            plugins[info.name] = md.version(top if top != "kbench" else "kbench")
+        except md.PackageNotFoundError:
+            plugins[info.name] = None
+    env["plugins"] = plugins
+    env.update(pm.environment())
+    return env
+
+
+def default_output(machine: str, suite: Suite) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / machine / f"{suite.name}-{stamp}.json"
+
+
+@dataclass
+class RunRequest:
+    suite: Suite
+    device: str = "auto"
+    backend_patterns: list[str] = field(default_factory=list)
+    kernel_files: list[str] = field(default_factory=list)
+    keyword: str | None = None
+    output: Path | None = None
+
+
+@dataclass
+class PlannedRun:
+    """Everything decided before the first measurement: device, cases, backends, context."""
+
+    request: RunRequest
+    plan: DevicePlan
+    backends: list[Backend]
+    ctx: ExecContext
+    keyword: Keyword
+    output: Path
+
+    def work(self) -> list[tuple[Case, Backend]]:
+        """(case, backend) pairs in case-major order, so inputs and references are shared."""
+        return [(c, b) for c in self.plan.cases for b in self.backends if self.keyword.matches(b.name, c.id)]
+
+
+def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
+    reg = pm.registry
+    op = reg.op(req.suite.op)
+    device_name = pick_device(pm, req.device)
+    device = reg.device(device_name)
+    plan = req.suite.plan(device_name, op)
+    patterns = req.backend_patterns or plan.backends
+    backends = reg.select_backends(op.name, patterns)
+    if req.kernel_files:
+        from kbench.kernelfile import KernelFileBackend
+
+        for path in req.kernel_files:
+            kb = KernelFileBackend(path, reg)
+            if kb.op != op.name:
+                raise BadInput(f"kernel implements op {kb.op!r} but the suite is for {op.name!r}", file=path,
+                               fix="use a suite of the kernel's op")
+            backends.append(kb)
+    if not backends:
+        known = sorted(b.name for b in reg.backends.values() if b.op == op.name)
+        raise BadInput(f"no backend of op {op.name!r} matches {patterns}", where="-b / suite backends",
+                       fix=f"known backends: {', '.join(known)}; or give a kernel file path")
+    keyword = Keyword(req.keyword)
+    ctx = ExecContext(op=op, device=device, check=plan.check, timing=plan.timing,
+                      hardware=pm.detect_hardware(device))
+    output = Path(req.output) if req.output else default_output(device.machine_id(), req.suite)
+    return PlannedRun(req, plan, backends, ctx, keyword, output)
+
+
+def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
+    device = planned.ctx.device
+    hw = planned.ctx.hardware
+    req = planned.request
+    return {
+        "id": planned.output.stem,
+        "machine": {"id": device.machine_id(), "hostname": platform.node(), **device.describe()},
+        "hardware": hw.to_json() if hw else None,
+        "environment": environment(pm),
+        "suite": {"name": req.suite.name, "path": req.suite.path, "data": req.suite.data},
+        "device": device.name,
+        "selection": {"backends": [b.name for b in planned.backends], "keyword": req.keyword,
+                      "kernel_files": list(req.kernel_files)},
+    }
+
+
+def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | None = None,
+              on_record: Callable[[dict[str, Any], int, int], None] | None = None,
+              existing: Iterable[dict[str, Any]] = ()) -> ResultWriter:
+    """Run every (case, backend) not already in ``existing``; append each record as it is made."""
+    existing = list(existing)
+    done = {(r["case_id"], r["backend"]) for r in existing}
+    writer = ResultWriter(planned.output, run_header(pm, planned), existing)
+    run_one = executor or (lambda backend, case: execute(planned.ctx, backend, case))
+    todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
+    try:
+        for i, (case, backend) in enumerate(todo):
+            record = run_one(backend, case)
+            writer.append(record)
+            if on_record is not None:
+                on_record(record, i + 1, len(todo))
+    except KeyboardInterrupt:
+        writer.finish(interrupted="interrupted by the user (Ctrl-C)")
+        raise
+    writer.finish()
+    return writer
+
+
+def exit_code(records: Iterable[dict[str, Any]]) -> int:
+    bad = {Status.FAILED.value, Status.ERROR.value, Status.CRASHED.value, Status.TIMEOUT.value}
+    return 1 if any(r["status"] in bad for r in records) else 0

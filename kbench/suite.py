@@ -1,0 +1,166 @@
+"""Suite files: load, validate against the shipped JSON Schema, expand grids into cases."""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import jsonschema
+
+from kbench.errors import BadInput
+from kbench.ops import Case, CaseError, Op
+from kbench.timing import TimingSettings
+from kbench.yamlsource import describe_path, load_yaml
+
+SUITE_VERSION = 1
+
+
+@lru_cache(maxsize=None)
+def suite_schema() -> dict[str, Any]:
+    return json.loads(resources.files("kbench").joinpath("schemas/suite.schema.json").read_text())
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    seeds: int = 3
+    max_rows: int = 256
+    tolerance: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, base: CheckSettings | None = None) -> CheckSettings:
+        base = base or cls()
+        data = data or {}
+        return cls(seeds=data.get("seeds", base.seeds), max_rows=data.get("max_rows", base.max_rows),
+                   tolerance={**base.tolerance, **data.get("tolerance", {})})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seeds": self.seeds, "max_rows": self.max_rows, "tolerance": dict(self.tolerance)}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What a suite asks for on one device: cases, backend patterns, check and timing settings."""
+
+    device: str
+    cases: list[Case]
+    backends: list[str]
+    check: CheckSettings
+    timing: TimingSettings
+    case_timeout: float | None
+
+
+@dataclass
+class Suite:
+    name: str
+    op: str
+    description: str
+    path: str | None
+    data: dict[str, Any]
+    lines: dict[tuple, int] = field(default_factory=dict, repr=False)
+
+    def devices(self) -> list[str]:
+        return sorted(self.data.get("devices", {}))
+
+    def plan(self, device: str, op: Op) -> DevicePlan:
+        """Resolve settings and expand the grid for ``device`` (its own grid, else the top-level one)."""
+        per = self.data.get("devices", {}).get(device, {})
+        if "grid" in per:
+            grid, where = per["grid"], ("devices", device, "grid")
+        elif "grid" in self.data:
+            grid, where = self.data["grid"], ("grid",)
+        else:
+            raise BadInput(f"suite has no grid for device {device!r}", file=self.path, where="devices",
+                           fix=f"add `devices: {{{device}: {{grid: [...]}}}}` or a top-level `grid`, "
+                               f"or pick one of: {', '.join(self.devices())}")
+        timing_data = {**self.data.get("timing", {}), **per.get("timing", {})}
+        check = CheckSettings.from_mapping(per.get("check"), CheckSettings.from_mapping(self.data.get("check")))
+        return DevicePlan(device=device, cases=expand_grid(grid, op, self, where),
+                          backends=list(per.get("backends", self.data.get("backends", ["*"]))),
+                          check=check, timing=TimingSettings.from_mapping(timing_data),
+                          case_timeout=timing_data.get("case_timeout"))
+
+    def where(self, path: tuple) -> str:
+        return describe_path(path, self.lines)
+
+
+def load_suite(path: str | Path) -> Suite:
+    data, lines = load_yaml(path)
+    return suite_from_data(data, path=str(path), lines=lines)
+
+
+def suite_from_data(data: Any, *, path: str | None = None, lines: dict | None = None) -> Suite:
+    lines = lines or {}
+    if not isinstance(data, dict):
+        raise BadInput("a suite must be a YAML mapping with at least `name` and `grid`", file=path,
+                       fix="see docs/suites.md for the format")
+    version = data.get("version", SUITE_VERSION)
+    if isinstance(version, int) and version > SUITE_VERSION:
+        raise BadInput(f"suite format version {version} is newer than this kbench reads ({SUITE_VERSION})",
+                       file=path, where=describe_path(("version",), lines), fix="upgrade kbench")
+    validator = jsonschema.Draft202012Validator(suite_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        raise BadInput(f"{_schema_message(error)}", file=path, where=describe_path(tuple(error.absolute_path), lines),
+                       fix=_schema_fix(error))
+    return Suite(name=data["name"], op=data.get("op", "attention"), description=data.get("description", ""),
+                 path=path, data=data, lines=lines)
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unknown key")
+    return error.message
+
+
+def _schema_fix(error: jsonschema.ValidationError) -> str:
+    desc = error.schema.get("description") if isinstance(error.schema, dict) else None
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        return f"allowed keys here: {', '.join(allowed)}" if allowed else "remove the key"
+    if error.validator == "anyOf" and not error.absolute_path:
+        return "add a top-level `grid:` list, or `devices: {cpu: {grid: [...]}}`"
+    return f"expected: {desc}" if desc else "see docs/suites.md for the format"
+
+
+def expand_grid(grid: list[Mapping[str, Any]], op: Op, suite: Suite | None = None,
+                where: tuple = ("grid",)) -> list[Case]:
+    """Cases of a grid: each entry is a cartesian product of its axes; tied keys ('a,b') move together."""
+    def place(*extra) -> str | None:
+        return suite.where(where + extra) if suite else ".".join(map(str, where + extra))
+
+    path = suite.path if suite else None
+    cases: dict[str, Case] = {}
+    for i, entry in enumerate(grid):
+        axes: list[list[dict[str, Any]]] = []
+        for key, value in entry.items():
+            names = [n.strip() for n in key.split(",")]
+            if len(names) > 1:
+                rows = value if isinstance(value, list) else [value]
+                for j, row in enumerate(rows):
+                    if not isinstance(row, list) or len(row) != len(names):
+                        raise BadInput(f"tied key {key!r} needs rows of {len(names)} values, got {row!r}",
+                                       file=path, where=place(i, key, j),
+                                       fix=f"write each row as [{', '.join(names)}]")
+                axes.append([dict(zip(names, row)) for row in rows])
+            else:
+                values = value if isinstance(value, list) else [value]
+                for j, v in enumerate(values):
+                    if isinstance(v, list):
+                        raise BadInput(f"{key!r} is not a tied key but has a list value {v!r}", file=path,
+                                       where=place(i, key, j), fix="tie parameters with a key like 'batch,seqlen'")
+                axes.append([{key: v} for v in values])
+        for combo in itertools.product(*axes):
+            raw: dict[str, Any] = {}
+            for part in combo:
+                raw.update(part)
+            try:
+                case = op.make_case(raw)
+            except CaseError as exc:
+                raise BadInput(f"{exc} (in the case {raw})", file=path, where=place(i),
+                               fix="change the grid entry so every combination is valid") from None
+            cases.setdefault(case.id, case)
+    return list(cases.values())

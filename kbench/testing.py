@@ -1,0 +1,82 @@
+"""kbench's pytest plugin, for kbench and for authors of backend plugins.
+
+Installed with kbench (entry point ``pytest11``), so these fixtures are available in any test:
+
+``kbench_pm``          a fresh plugin manager (default plugins + installed entry points)
+``kbench_case``        ``kbench_case(**params)`` -> a Case of the attention op (or ``op=...``)
+``kbench_check``       ``kbench_check(backend, case)`` -> the record of one in-process execution
+                       (correctness on 2 seeds, a few timing samples); assert on its ``status``
+``fake_backend``       ``fake_backend(fn, name=..., device="cpu")`` -> a Backend whose kernel is ``fn``
+                       (``fn(q, k, v, out, case)``) -- for testing harness behaviour
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from kbench.backends import Backend
+from kbench.execute import ExecContext, execute
+from kbench.ops import Case
+from kbench.plugins import PluginManager
+from kbench.suite import CheckSettings
+from kbench.timing import TimingSettings
+
+#: fast settings for tests: correctness on 2 seeds, a handful of samples
+TEST_TIMING = TimingSettings(warmup_calls=1, warmup_time=0.0, min_samples=3, max_samples=5, min_time=0.0,
+                             max_time=0.5, target_rel_se=1.0, rotate=2)
+TEST_CHECK = CheckSettings(seeds=2, max_rows=64)
+
+
+class FunctionBackend(Backend):
+    """A backend from a plain function ``fn(q, k, v, out, case)`` (writes ``out`` or returns the result)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str = "fake", op: str = "attention", device: str = "cpu",
+                 *, available: str | None = None, supports: Callable[[Case], str | None] | None = None) -> None:
+        self.fn, self.name, self.op, self.device = fn, name, op, device
+        self._available, self._supports = available, supports
+
+    def available(self) -> str | None:
+        return self._available
+
+    def supports(self, case: Case) -> str | None:
+        return self._supports(case) if self._supports else None
+
+    def prepare(self, case: Case):
+        def run(out, **inputs):
+            return self.fn(*inputs.values(), out, case)
+        return run
+
+
+def make_case(pm: PluginManager, op: str = "attention", **params: Any) -> Case:
+    defaults = {"seqlen": 32, "heads": 2, "head_dim": 16} if op == "attention" else {}
+    return pm.registry.op(op).make_case({**defaults, **params})
+
+
+def check_backend(pm: PluginManager, backend: Backend, case: Case, *, device: str | None = None,
+                  timing: TimingSettings = TEST_TIMING, check: CheckSettings = TEST_CHECK) -> dict[str, Any]:
+    """Execute one (backend, case) in-process with test settings and return its record."""
+    dev = pm.registry.device(device or backend.device)
+    ctx = ExecContext(op=pm.registry.op(case.op), device=dev, check=check, timing=timing,
+                      hardware=pm.detect_hardware(dev))
+    return execute(ctx, backend, case)
+
+
+@pytest.fixture
+def kbench_pm() -> PluginManager:
+    return PluginManager()
+
+
+@pytest.fixture
+def kbench_case(kbench_pm):
+    return lambda op="attention", **params: make_case(kbench_pm, op, **params)
+
+
+@pytest.fixture
+def kbench_check(kbench_pm):
+    return lambda backend, case, **kw: check_backend(kbench_pm, backend, case, **kw)
+
+
+@pytest.fixture
+def fake_backend():
+    return FunctionBackend

@@ -1,0 +1,85 @@
+"""Adaptive sampling: the harness times, backends never do.
+
+Like nvbench's cold measurement: warm-up first, then one sample at a time with the device's
+``before_sample`` (cache flush) outside the timed region, rotating input buffers, and a stop rule
+on the relative standard error of the mean after a minimum time and sample count, bounded by a
+time limit. Every sample and the stop reason are kept.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Mapping, Sequence
+
+from kbench.devices import Device
+from kbench.stats import rel_standard_error
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup_calls: int = 1          # at least this many untimed calls
+    warmup_time: float = 0.05      # and at least this long (s) of untimed calls
+    min_samples: int = 10
+    max_samples: int = 100_000
+    min_time: float = 0.2          # seconds of samples before the noise target may stop sampling
+    max_time: float = 3.0          # stop sampling after this long (s), whatever the noise
+    target_rel_se: float = 0.005   # stop when stderr(mean)/mean falls below this
+    rotate: int = 3                # input buffer sets cycled through (defeats caching by address)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, base: TimingSettings | None = None) -> TimingSettings:
+        values = asdict(base or cls())
+        names = {f.name for f in fields(cls)}
+        values.update({k: v for k, v in (data or {}).items() if k in names})
+        return cls(**values)
+
+
+@dataclass
+class Timing:
+    samples: list[float]
+    stop_reason: str               # noise_target | time_limit | max_samples
+    warmup_calls: int
+    warmup_time: float
+    sampling_time: float           # wall time of the sampling loop, overhead included
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(device: Device, calls: Sequence[Callable[[], Any]], settings: TimingSettings,
+            on_sample: Callable[[int, float], None] | None = None) -> Timing:
+    """Time ``calls`` (one per rotating input set) until the stop rule says enough."""
+    clock = time.perf_counter
+    start = clock()
+    n_warm = 0
+    while n_warm < max(settings.warmup_calls, 1) or clock() - start < settings.warmup_time:
+        calls[n_warm % len(calls)]()
+        device.synchronize()
+        n_warm += 1
+    warm_time = clock() - start
+
+    samples: list[float] = []
+    begin = clock()
+    spent = 0.0
+    reason = "max_samples"
+    while len(samples) < settings.max_samples:
+        device.before_sample()
+        t = device.time_call(calls[len(samples) % len(calls)])
+        samples.append(t)
+        spent += t
+        elapsed = clock() - begin
+        if on_sample is not None:
+            on_sample(len(samples), t)
+        if len(samples) >= settings.min_samples and spent >= settings.min_time:
+            if rel_standard_error(samples) < settings.target_rel_se:
+                reason = "noise_target"
+                break
+        if elapsed >= settings.max_time and len(samples) >= 2:
+            reason = "time_limit"
+            break
+    return Timing(samples, reason, n_warm, warm_time, clock() - begin)
+
+
+def estimated_seconds(settings: TimingSettings) -> float:
+    return settings.warmup_time + settings.max_time if math.isfinite(settings.max_time) else math.inf

@@ -1,0 +1,1 @@
+"""kbench-torch: a first-party kbench plugin, built exactly as a third party would build one."""

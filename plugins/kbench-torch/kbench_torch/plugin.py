@@ -1,0 +1,2 @@
+"""Entry point of the kbench-torch plugin (group `kbench`). Imports nothing heavy at import time."""
+from __future__ import annotations

@@ -1,14 +1,20 @@
 """Default plugin: the core's CLI commands."""
 from __future__ import annotations
 
+import importlib
+
 import kbench
+
+#: "module:attribute" of each core command; loaded when the CLI starts
+CORE_COMMANDS = (
+    "kbench.commands.run:run_command",
+    "kbench.commands.list:list_command",
+    "kbench.commands.show:show_command",
+)
 
 
 @kbench.hookimpl
 def kbench_register_commands(cli):
-    from kbench.commands.list import list_command
-    from kbench.commands.run import run_command
-    from kbench.commands.show import show_command
-
-    for command in (run_command, list_command, show_command):
-        cli.add_command(command)
+    for spec in CORE_COMMANDS:
+        module, attr = spec.split(":")
+        cli.add_command(getattr(importlib.import_module(module), attr))

@@ -27,17 +27,16 @@ class KbenchGroup(click.Group):
     """Loads plugins (default, entry points, ``-p``) before resolving a command, so plugins can add commands."""
 
     def _ensure_plugins(self, ctx: click.Context) -> None:
-        if getattr(self, "_plugins_loaded", False):
-            return
         from kbench.plugins import get_plugin_manager
 
         extra = tuple((ctx.params or {}).get("plugins") or ()) if ctx else ()
         try:
             pm = get_plugin_manager(extra)
-            pm.hook.kbench_register_commands(cli=self)
+            if getattr(self, "_commands_from", None) is not pm:
+                pm.hook.kbench_register_commands(cli=self)
+                self._commands_from = pm
         except KbenchError as exc:
             raise KbenchClickError(exc) from exc
-        self._plugins_loaded = True
 
     def list_commands(self, ctx):
         self._ensure_plugins(ctx)

@@ -28,6 +28,15 @@ hookspec = pluggy.HookspecMarker("kbench")
 # Registration: called once per process, when the plugin manager is built.
 # ---------------------------------------------------------------------------------------------
 
+@hookspec(historic=True)
+def kbench_add_hookspecs(pluginmanager: pluggy.PluginManager) -> None:
+    """Add a plugin's own hook specifications with ``pluginmanager.add_hookspecs(module)``.
+
+    Fires first, once every plugin is imported and before hook names are checked, so a plugin
+    may define hooks for its own plugins (e.g. the evolve plugin's variation operators).
+    """
+
+
 @hookspec
 def kbench_register_ops(registry: Registry) -> None:
     """Register ops (mathematical functions with a parameter space) with ``registry.add_op(op)``.

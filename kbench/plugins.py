@@ -67,6 +67,14 @@ class PluginManager:
                 self._register(ep.name, ep.value, where, ep.load)
         for mod in list(extra) + _split_env("KBENCH_PLUGINS"):
             self._register_module(mod, mod, "-p/KBENCH_PLUGINS")
+        self.pm.hook.kbench_add_hookspecs.call_historic(kwargs={"pluginmanager": self.pm})
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            raise PluginError(f"plugin {name!r} implements a hook that kbench does not define: {exc}",
+                              fix="check the hook name against kbench.hookspecs (e.g. kbench_register_backends)"
+                              ) from exc
         self.registry = Registry(manager=self)
         for hook in REGISTRATION_HOOKS:
             self.call_each(hook, registry=self.registry)

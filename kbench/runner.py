@@ -113,7 +113,8 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
     device = reg.device(device_name)
     plan = req.suite.plan(device_name, op)
     patterns = req.backend_patterns or plan.backends
-    backends = reg.select_backends(op.name, patterns)
+    # -b replaces the suite's selection: kernel files alone mean "just these kernels"
+    backends = [] if req.kernel_files and not req.backend_patterns else reg.select_backends(op.name, patterns)
     if req.kernel_files:
         from kbench.kernelfile import KernelFileBackend
 

@@ -104,7 +104,12 @@ def suite_from_data(data: Any, *, path: str | None = None, lines: dict | None = 
     validator = jsonschema.Draft202012Validator(suite_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
-        raise BadInput(f"{_schema_message(error)}", file=path, where=describe_path(tuple(error.absolute_path), lines),
+        place = tuple(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = set(error.schema.get("properties", {}))
+            extra = sorted(k for k in error.instance if k not in allowed)
+            place += tuple(extra[:1])  # point at the offending key's own line
+        raise BadInput(f"{_schema_message(error)}", file=path, where=describe_path(place, lines),
                        fix=_schema_fix(error))
     return Suite(name=data["name"], op=data.get("op", "attention"), description=data.get("description", ""),
                  path=path, data=data, lines=lines)

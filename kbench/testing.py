@@ -49,8 +49,12 @@ class FunctionBackend(Backend):
 
 
 def make_case(pm: PluginManager, op: str = "attention", **params: Any) -> Case:
+    the_op = pm.registry.op(op)
     defaults = {"seqlen": 32, "heads": 2, "head_dim": 16} if op == "attention" else {}
-    return pm.registry.op(op).make_case({**defaults, **params})
+    # a default alias ("seqlen") yields to any parameter it would set ("seqlen_q")
+    defaults = {k: v for k, v in defaults.items()
+                if not any(t in params for t in the_op.aliases.get(k, ()))}
+    return the_op.make_case({**defaults, **params})
 
 
 def check_backend(pm: PluginManager, backend: Backend, case: Case, *, device: str | None = None,

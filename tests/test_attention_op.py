@@ -1,0 +1,107 @@
+"""The attention op: reference against an independent formula, masks, costs, inputs."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kbench.enums import DType
+from kbench.ops import CaseError
+from kbench.ops.attention import AttentionOp
+
+
+@pytest.fixture(scope="module")
+def op():
+    return AttentionOp()
+
+
+def naive_attention(q, k, v, causal):
+    """Scalar loops with math.exp: shares nothing with the vectorised reference."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    out = np.zeros((b, sq, hq, d))
+    for bi in range(b):
+        for h in range(hq):
+            hk = h // (hq // hkv)
+            for i in range(sq):
+                keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
+                if not keys:
+                    continue
+                scores = [sum(float(q[bi, i, h, t]) * float(k[bi, j, hk, t]) for t in range(d)) / math.sqrt(d)
+                          for j in keys]
+                top = max(scores)
+                weights = [math.exp(s - top) for s in scores]
+                total = sum(weights)
+                for t in range(d):
+                    out[bi, i, h, t] = sum(w * float(v[bi, j, hk, t]) for w, j in zip(weights, keys)) / total
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    dict(batch=2, seqlen=5, heads=2, head_dim=4, causal=False),
+    dict(batch=1, seqlen_q=3, seqlen_kv=7, heads_q=4, heads_kv=2, head_dim=4, causal=True),
+    dict(batch=1, seqlen_q=6, seqlen_kv=4, heads_q=2, heads_kv=1, head_dim=3, causal=True),
+])
+def test_reference_matches_naive_loops(op, params):
+    case = op.make_case(params)
+    inputs = op.make_inputs(case, seed=3)
+    ref = op.reference(case, inputs, rows=None)
+    assert np.allclose(ref, naive_attention(inputs["q"], inputs["k"], inputs["v"], params["causal"]), atol=1e-12)
+
+
+def test_row_sampled_reference_equals_full(op):
+    case = op.make_case(dict(batch=1, seqlen=40, heads=2, head_dim=8, causal=True))
+    inputs = op.make_inputs(case, seed=1)
+    rows = op.sample_rows(case, 8, np.random.default_rng(0))
+    assert rows is not None and len(rows) == 8 and 0 in rows and 39 in rows
+    full = op.reference(case, inputs, None)
+    assert np.allclose(op.select(case, full, rows), op.reference(case, inputs, rows))
+    assert op.sample_rows(case, 64, np.random.default_rng(0)) is None  # small cases are checked whole
+
+
+def test_causal_bottom_right_alignment(op):
+    # seqlen_q < seqlen_kv: the last query row sees every key, so it equals the non-causal result
+    c = op.make_case(dict(seqlen_q=3, seqlen_kv=8, heads=1, head_dim=4, causal=True))
+    n = op.make_case(dict(seqlen_q=3, seqlen_kv=8, heads=1, head_dim=4, causal=False))
+    x = op.make_inputs(c, seed=0)
+    assert np.allclose(op.reference(c, x, None)[:, -1], op.reference(n, x, None)[:, -1])
+    assert not np.allclose(op.reference(c, x, None)[:, 0], op.reference(n, x, None)[:, 0])
+    # seqlen_q > seqlen_kv: the first rows see no key and are zero
+    c = op.make_case(dict(seqlen_q=6, seqlen_kv=2, heads=1, head_dim=4, causal=True))
+    ref = op.reference(c, op.make_inputs(c, seed=0), None)
+    assert np.all(ref[:, :4] == 0) and np.all(ref[:, 4:] != 0)
+
+
+def test_flops_bytes_footprint_by_hand(op):
+    case = op.make_case(dict(batch=2, seqlen=1024, heads=16, head_dim=128, dtype="bf16"))
+    assert op.flops(case) == 4 * 2 * 16 * 1024 * 1024 * 128
+    causal = op.make_case(dict(batch=2, seqlen=1024, heads=16, head_dim=128, dtype="bf16", causal=True))
+    assert op.flops(causal) == op.flops(case) / 2
+    # GQA: K and V are read with heads_kv
+    gqa = op.make_case(dict(batch=1, seqlen=4096, heads_q=32, heads_kv=8, head_dim=128, dtype="bf16"))
+    assert op.min_bytes(gqa) == 2 * (2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128)
+    # causal with seqlen_q < seqlen_kv counts the visible band: avg_sk = (sk - sq + sk) / 2
+    band = op.make_case(dict(seqlen_q=1024, seqlen_kv=4096, heads=1, head_dim=64, causal=True))
+    assert op.flops(band) == 2 * 1024 * ((4096 - 1024 + 4096) / 2) * 128
+
+
+def test_inputs_are_seeded_and_in_the_case_dtype(op):
+    case = op.make_case(dict(seqlen=16, heads=2, head_dim=8, dtype="bf16"))
+    a, b, c = op.make_inputs(case, 1), op.make_inputs(case, 1), op.make_inputs(case, 2)
+    assert a["q"].dtype == DType.BF16.numpy
+    assert np.array_equal(a["q"].view(np.uint16), b["q"].view(np.uint16))
+    assert not np.array_equal(a["q"].view(np.uint16), c["q"].view(np.uint16))
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(seqlen=8, heads_q=6, heads_kv=4, head_dim=8), "not a multiple"),
+    (dict(seqlen=8, heads=2, head_dim=8, dtype="fp8"), "must be one of"),
+    (dict(seqlen=0, heads=2, head_dim=8), ">= 1"),
+    (dict(seqlen=8, seqlen_q=4, heads=2, head_dim=8), "both given"),
+    (dict(seqlen=8, heads=2, head_dim=8, causal="yes"), "true or false"),
+    (dict(seqlen=8, heads=2), "head_dim"),
+])
+def test_invalid_cases_say_why(op, params, message):
+    with pytest.raises(CaseError, match=message):
+        op.make_case(params)

@@ -73,7 +73,8 @@ class PluginManager:
         except pluggy.PluginValidationError as exc:
             name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
             raise PluginError(f"plugin {name!r} implements a hook that kbench does not define: {exc}",
-                              fix="check the hook name against kbench.hookspecs (e.g. kbench_register_backends)"
+                              fix="check the hook name against kbench.hookspecs (e.g. kbench_register_backends); a plugin "
+                                  "that defines hooks of its own adds their specs in kbench_add_hookspecs(pluginmanager)"
                               ) from exc
         self.registry = Registry(manager=self)
         for hook in REGISTRATION_HOOKS:

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 from tabulate import tabulate
 
 FORMATS = ("table", "markdown", "csv", "json")
-_TABULATE = {"table": "simple", "markdown": "github"}
+_TABULATE = {"table": "simple", "markdown": "github", "html": "html"}
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -93,3 +93,92 @@ def status_summary(records: Iterable[dict[str, Any]]) -> str:
         counts[r["status"]] += 1
     order = ("passed", "failed", "error", "crashed", "timeout", "skipped")
     return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
+
+
+# -- comparisons (kbench.compare) -------------------------------------------------------------------
+
+COMPARE_HEADERS = ("mark", "before", "after", "ratio", "95% CI", "p", "change", "backend", "case")
+
+
+def compare_row(pair) -> list[str]:
+    """One (case, backend) of ``kbench compare BASE NEW``; ratio is new time / base time."""
+    t = pair.test
+
+    def side(rec):
+        if rec is None:
+            return "-"
+        return fmt_time(_median(rec)) if rec["status"] == "passed" else rec["status"]
+    ci = f"{t.ci_low:.3f}-{t.ci_high:.3f}" if t else ""
+    change = pair.change.value + (f" ({pair.note})" if pair.note else "")
+    return [pair.change.mark, side(pair.base), side(pair.new), f"{t.ratio:.3f}" if t else "", ci,
+            f"{t.p_value:.2g}" if t else "", change, pair.backend, pair.case_id]
+
+
+def _median(rec) -> float | None:
+    from kbench.compare import median_of
+
+    return median_of(rec)
+
+
+def compare_table(pairs, fmt: str = "table") -> str:
+    pairs = list(pairs)
+    if fmt == "json":
+        return render(COMPARE_HEADERS, [], fmt, raw=[p.to_json() for p in pairs])
+    headers = COMPARE_HEADERS if fmt in ("csv", "html") else ("",) + COMPARE_HEADERS[1:]
+    return render(headers, [compare_row(p) for p in pairs], fmt)
+
+
+def speedup_rows(table) -> tuple[list[str], list[list[str]]]:
+    """Rows of a BaselineTable: each case, then a geometric-mean row per group, then one for all cases.
+
+    A cell is the backend's speedup over the baseline in percent (AVO style, "+3.5%"); a trailing
+    "?" means the difference is within the noise (not significant).
+    """
+    from kbench.compare import fmt_speedup
+
+    headers = ["case", f"{table.baseline} (baseline)"] + [f"{b} vs {table.baseline}" for b in table.backends]
+    rows: list[list[str]] = []
+
+    def cell(case_id, backend):
+        s = table.cells.get((case_id, backend))
+        if s is None:
+            return "-"
+        if s.speedup is None:
+            return s.note.split(":")[0]
+        return fmt_speedup(s.speedup) + ("" if s.significant else "?")
+    for group, ids in table.groups.items():
+        for cid in ids:
+            base = table.baseline_median.get(cid)
+            rows.append([cid, fmt_time(base) if base else "not passed"] + [cell(cid, b) for b in table.backends])
+        if len(table.groups) > 1 or len(ids) > 1:
+            rows.append([f"geomean {group} ({len(ids)} cases)", ""]
+                        + [fmt_speedup(table.group_geomean(group, b)) for b in table.backends])
+    if len(table.groups) > 1:
+        rows.append([f"geomean, all {len(table.cases)} cases", ""]
+                    + [fmt_speedup(table.overall_geomean(b)) for b in table.backends])
+    return headers, rows
+
+
+def speedup_table(table, fmt: str = "table") -> str:
+    if fmt == "json":
+        geo = {b: {"all": table.overall_geomean(b), **{g: table.group_geomean(g, b) for g in table.groups}}
+               for b in table.backends}
+        data = {"baseline": table.baseline, "geomean": geo, "cells": [s.to_json() for s in table.cells.values()]}
+        return json.dumps(data, indent=1)
+    headers, rows = speedup_rows(table)
+    return render(headers, rows, fmt)
+
+
+def speedup_summary(table) -> list[str]:
+    """AVO-style lines: "numpy-flash vs numpy: -15.2% (geomean of 10 cases, -18.0% to -10.1%)"."""
+    from kbench.compare import fmt_speedup
+
+    lines = []
+    for b in table.backends:
+        vals = [s.speedup for (c, name), s in table.cells.items() if name == b and s.speedup is not None]
+        if not vals:
+            lines.append(f"{b} vs {table.baseline}: no case where both passed")
+            continue
+        lines.append(f"{b} vs {table.baseline}: {fmt_speedup(table.overall_geomean(b))} "
+                     f"(geomean of {len(vals)} cases, {fmt_speedup(min(vals))} to {fmt_speedup(max(vals))})")
+    return lines

@@ -10,6 +10,7 @@ CORE_COMMANDS = (
     "kbench.commands.run:run_command",
     "kbench.commands.list:list_command",
     "kbench.commands.show:show_command",
+    "kbench.commands.compare:compare_command",
 )
 
 

@@ -1,0 +1,112 @@
+"""``kbench compare BASE NEW`` (two runs) and ``kbench compare RESULT --baseline BACKEND`` (speedups)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kbench.compare import CHANGED, SORTS
+from kbench.tables import FORMATS
+
+
+def group_key_for(pm):
+    """record -> the op's group key (head_dim x causal x heads x dtype for attention)."""
+    from kbench.errors import KbenchError
+
+    def key(rec):
+        try:
+            op = pm.registry.op(rec["op"])
+            return op.group_key(op.make_case(rec["case"]))
+        except (KbenchError, ValueError, KeyError):  # op not installed here, or an old parameter set
+            return rec["op"]
+    return key
+
+
+@click.command("compare")
+@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--baseline", metavar="BACKEND",
+              help="With one RESULT: speedup of every backend over BACKEND per case, geomean per group.")
+@click.option("--factor", type=float, default=1.05, show_default=True,
+              help="A time ratio within [1/FACTOR, FACTOR] counts as the same.")
+@click.option("--alpha", type=float, default=0.01, show_default=True,
+              help="Significance level of the Mann-Whitney U test.")
+@click.option("--only-changed", is_flag=True, help="Show only slower, faster, newly failing and fixed pairs.")
+@click.option("--sort", "sort", type=click.Choice(SORTS), default="run", show_default=True,
+              help="Row order: as in the runs, by name, by time ratio (worst first), or by kind of change.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit 1 when a pair is slower or newly failing (for CI).")
+@click.option("--allow-different-machines", is_flag=True,
+              help="Compare results from different machines or hardware profiles anyway.")
+@click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.pass_obj
+def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fail_on_regression,
+                    allow_different_machines, keyword, fmt):
+    """Compare two result files (BASE NEW), or the backends of one RESULT against --baseline.
+
+    \b
+    Marks (as asv): + slower, - faster, ~ ambiguous (beyond the factor but not
+    significant or inside the noise), ! newly failing, * fixed, x incomparable.
+    A pair is slower/faster only when the ratio of medians is beyond --factor, the
+    Mann-Whitney U test and a bootstrap CI of the ratio agree it is significant, and
+    the change exceeds the runs' own spread.
+
+    Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
+    failing; 2 on bad input (including results from different machines).
+    """
+    from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, is_regression, \
+        machine_mismatch, sort_pairs, speedup_vs_baseline
+    from kbench.errors import BadInput
+    from kbench.results import load_result
+    from kbench.selection import Keyword
+    from kbench.tables import compare_table, speedup_summary, speedup_table
+
+    settings = Settings(factor=factor, alpha=alpha)
+    kw = Keyword(keyword)
+    data = [load_result(path) for path in results]
+    for path, d in zip(results, data):
+        d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+        if not d["complete"]:
+            click.echo(f"kbench: warning: {path} is incomplete ({d.get('interrupted') or 'still running or killed'})",
+                       err=True)
+    text = fmt in ("table", "markdown")
+
+    if baseline is not None:
+        if len(data) != 1:
+            raise BadInput(f"--baseline compares the backends of one result; got {len(data)} files",
+                           where="RESULTS", fix="give one result file with --baseline, or two files without it")
+        table = speedup_vs_baseline(data[0], baseline, group_key_for(pm), settings, file=results[0])
+        if text:
+            click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise\n")
+        click.echo(speedup_table(table, fmt))
+        if text:
+            click.echo("\n" + "\n".join(speedup_summary(table)))
+        return
+
+    if len(data) != 2:
+        raise BadInput(f"compare takes BASE and NEW (two result files), got {len(data)}", where="RESULTS",
+                       fix="kbench compare BASE.json NEW.json, or kbench compare RESULT.json --baseline BACKEND")
+    base, new = data
+    why = machine_mismatch(base, new)
+    if why and not allow_different_machines:
+        check_same_machine(base, new, base_file=results[0], new_file=results[1])
+    pairs = compare_runs(base, new, settings)
+    shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
+    if text:
+        click.echo(f"before: {results[0]} ({base['machine']['id']}, {base['created']})\n"
+                   f"after:  {results[1]} ({new['machine']['id']}, {new['created']})")
+        if why:
+            click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
+        click.echo(f"ratio = after / before (median time); factor {factor:g}, alpha {alpha:g}\n")
+    if shown or not text:
+        click.echo(compare_table(sort_pairs(shown, sort), fmt))
+    if text:
+        n = counts(pairs)
+        summary = ", ".join(f"{k} {c}" for c, k in n.items() if k)
+        ratios = geomean(p.test.ratio for p in pairs if p.test)
+        geo = f"; geomean time ratio {ratios:.3f}" if ratios else ""
+        click.echo(f"\n{len(pairs)} pairs: {summary}{geo}")
+    if fail_on_regression and is_regression(pairs):
+        click.echo("kbench: regression: " + ", ".join(f"{p.backend} {p.case_id} {p.change}" for p in pairs
+                                                       if p.change in (Change.SLOWER, Change.FAILING)), err=True)
+        sys.exit(1)

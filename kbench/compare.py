@@ -1,0 +1,339 @@
+"""Compare timings with statistics: two runs (asv-style marks) or every backend against a baseline.
+
+A pair is ``slower`` or ``faster`` only when three things agree: the ratio of medians is beyond
+``factor``, the difference is statistically significant on the raw samples (Mann-Whitney U *and* a
+bootstrap confidence interval of the median ratio that excludes 1, both from scipy), and the change
+is larger than the runs' own spread (IQR / median). A change beyond the factor that fails either
+test is ``ambiguous``: shown, never a regression. That last test is what keeps a noisy shared
+machine from raising false alarms: within-run samples say nothing about drift between runs, and
+drift is of the order of the spread.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from kbench.enums import Status
+from kbench.errors import BadInput
+
+
+class Change(str, Enum):
+    """What happened to one (case, backend) between two runs."""
+
+    SLOWER = "slower"
+    FASTER = "faster"
+    SAME = "same"
+    AMBIGUOUS = "ambiguous"        # beyond the factor, but not significant or inside the noise
+    FAILING = "failing"            # passed before, does not pass now
+    FIXED = "fixed"                # did not pass before, passes now
+    INCOMPARABLE = "incomparable"  # missing on one side, or not passed on either
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def mark(self) -> str:
+        return _MARKS[self]
+
+
+_MARKS = {Change.SLOWER: "+", Change.FASTER: "-", Change.SAME: " ", Change.AMBIGUOUS: "~",
+          Change.FAILING: "!", Change.FIXED: "*", Change.INCOMPARABLE: "x"}
+
+#: the classes --only-changed keeps and the order --sort change uses
+CHANGED = (Change.FAILING, Change.SLOWER, Change.FASTER, Change.FIXED)
+_CHANGE_ORDER = {c: i for i, c in enumerate(CHANGED + (Change.AMBIGUOUS, Change.INCOMPARABLE, Change.SAME))}
+
+
+@dataclass(frozen=True)
+class Settings:
+    factor: float = 1.05         # a ratio of medians within [1/factor, factor] is "same"
+    alpha: float = 0.01          # significance level of the Mann-Whitney U test
+    confidence: float = 0.95     # of the bootstrap interval of the ratio
+    n_resamples: int = 2000
+    seed: int = 0                # bootstrap resampling is seeded: the same files give the same table
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1:
+            raise BadInput(f"--factor must be greater than 1, got {self.factor}", where="--factor",
+                           fix="e.g. --factor 1.05 (a change of 5%)")
+        if not 0 < self.alpha < 1:
+            raise BadInput(f"--alpha must be between 0 and 1, got {self.alpha}", where="--alpha", fix="e.g. 0.01")
+
+
+@dataclass(frozen=True)
+class RatioTest:
+    """``ratio`` = median(new) / median(base) of times (> 1: new is slower), its CI, and the U test."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n_base: int
+    n_new: int
+    noise: float                 # the larger relative spread (IQR / median) of the two sides
+
+    def significant(self, alpha: float) -> bool:
+        """Both tests agree: the U test rejects at ``alpha`` and the CI of the ratio excludes 1."""
+        return self.p_value < alpha and (self.ci_low > 1 or self.ci_high < 1)
+
+
+def _median_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(b, axis=axis) / np.median(a, axis=axis)
+
+
+def _rel_iqr(arr: np.ndarray) -> float:
+    q1, med, q3 = np.percentile(arr, [25, 50, 75])
+    return float((q3 - q1) / med) if med > 0 else math.inf
+
+
+def ratio_test(base: Sequence[float], new: Sequence[float], settings: Settings = Settings()) -> RatioTest:
+    """Ratio of medians of two sets of time samples with a bootstrap CI and a Mann-Whitney U p-value."""
+    from scipy import stats  # lazily: the CLI imports this module at start-up
+
+    a = np.asarray(base, dtype=np.float64)
+    b = np.asarray(new, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        raise ValueError("each side needs at least two samples")
+    ratio = float(_median_ratio(a, b))
+    p = float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    # batch bounds the resampled arrays to ~2M floats whatever the sample counts (faster, and little memory)
+    batch = max(1, int(2e6 // (a.size + b.size)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate (constant) samples: the CI collapses, handled below
+        res = stats.bootstrap((a, b), _median_ratio, n_resamples=settings.n_resamples, vectorized=True,
+                              confidence_level=settings.confidence, method="percentile", batch=batch,
+                              rng=np.random.default_rng(settings.seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        low = high = ratio
+    if math.isnan(p):  # every sample equal on both sides
+        p = 1.0
+    return RatioTest(ratio, min(low, ratio), max(high, ratio), p, int(a.size), int(b.size),
+                     max(_rel_iqr(a), _rel_iqr(b)))
+
+
+def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, str]:
+    """The class of a timing change and, for ``ambiguous``, why it is not a verdict."""
+    slower, faster = test.ratio >= settings.factor, test.ratio <= 1 / settings.factor
+    if not (slower or faster):
+        return Change.SAME, ""
+    if not test.significant(settings.alpha):
+        return Change.AMBIGUOUS, (f"not significant (p={test.p_value:.2g}, "
+                                  f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f})")
+    if abs(math.log(test.ratio)) <= math.log1p(test.noise):
+        return Change.AMBIGUOUS, f"inside the noise (spread {100 * test.noise:.1f}%)"
+    return (Change.SLOWER if slower else Change.FASTER), ""
+
+
+# -- two runs -------------------------------------------------------------------------------------
+
+def _samples(rec: Mapping[str, Any] | None) -> list[float]:
+    return list(((rec or {}).get("timing") or {}).get("samples") or [])
+
+
+def _passed(rec: Mapping[str, Any] | None) -> bool:
+    return rec is not None and rec.get("status") == Status.PASSED.value and len(_samples(rec)) >= 2
+
+
+@dataclass
+class Pair:
+    """One (case, backend) seen in the base run, the new run, or both."""
+
+    case_id: str
+    backend: str
+    base: dict[str, Any] | None
+    new: dict[str, Any] | None
+    change: Change = Change.INCOMPARABLE
+    test: RatioTest | None = None
+    note: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.case_id, self.backend
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.test
+        return {"case_id": self.case_id, "backend": self.backend, "change": self.change.value,
+                "mark": self.change.mark, "base_status": (self.base or {}).get("status"),
+                "new_status": (self.new or {}).get("status"), "base_median": median_of(self.base),
+                "new_median": median_of(self.new), "ratio": t and t.ratio, "ci_low": t and t.ci_low,
+                "ci_high": t and t.ci_high, "p_value": t and t.p_value, "noise": t and t.noise, "note": self.note}
+
+
+def median_of(rec: Mapping[str, Any] | None) -> float | None:
+    samples = _samples(rec)
+    return float(np.median(samples)) if samples else None
+
+
+def compare_pair(pair: Pair, settings: Settings) -> Pair:
+    base_ok, new_ok = _passed(pair.base), _passed(pair.new)
+    if base_ok and new_ok:
+        pair.test = ratio_test(_samples(pair.base), _samples(pair.new), settings)
+        pair.change, pair.note = classify(pair.test, settings)
+    elif base_ok and pair.new is not None and pair.new["status"] != Status.SKIPPED.value:
+        pair.change, pair.note = Change.FAILING, _status_text(pair.new)
+    elif new_ok and pair.base is not None and pair.base["status"] != Status.SKIPPED.value:
+        pair.change, pair.note = Change.FIXED, f"was {_status_text(pair.base)}"
+    else:
+        pair.change = Change.INCOMPARABLE
+        if pair.base is None or pair.new is None:
+            pair.note = "only in " + ("the new run" if pair.base is None else "the base run")
+        else:
+            pair.note = "; ".join(f"{side}: {_status_text(r)}" for side, r in (("base", pair.base), ("new", pair.new))
+                                  if not _passed(r))
+    return pair
+
+
+def _status_text(rec: Mapping[str, Any]) -> str:
+    reason = rec.get("reason") or ""
+    return f"{rec['status']}: {reason}" if reason else str(rec["status"])
+
+
+def machine_mismatch(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Why two results are not from the same machine and hardware (empty when they are)."""
+    why = []
+    b_id, n_id = base["machine"]["id"], new["machine"]["id"]
+    if b_id != n_id:
+        why.append(f"machine {b_id!r} vs {n_id!r}")
+    if base.get("device") != new.get("device"):
+        why.append(f"device {base.get('device')!r} vs {new.get('device')!r}")
+    b_hw, n_hw = (base.get("hardware") or {}).get("name"), (new.get("hardware") or {}).get("name")
+    if b_hw != n_hw:
+        why.append(f"hardware profile {b_hw!r} vs {n_hw!r}")
+    return why
+
+
+def check_same_machine(base: Mapping[str, Any], new: Mapping[str, Any], *, base_file: str = "BASE",
+                       new_file: str = "NEW") -> None:
+    why = machine_mismatch(base, new)
+    if why:
+        raise BadInput(f"results come from different machines ({'; '.join(why)}) compared with {base_file}: "
+                       "a time ratio across machines measures the machines, not the code",
+                       file=new_file, where="machine",
+                       fix="compare two runs from one machine, or pass --allow-different-machines to compare anyway")
+
+
+def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Settings = Settings()) -> list[Pair]:
+    """Match records by (case id, backend), in the base run's order then the new run's extras."""
+    new_by_key = {(r["case_id"], r["backend"]): r for r in new["records"]}
+    pairs: dict[tuple[str, str], Pair] = {}
+    for rec in base["records"]:
+        key = (rec["case_id"], rec["backend"])
+        pairs[key] = Pair(*key, base=rec, new=new_by_key.get(key))
+    for key, rec in new_by_key.items():
+        pairs.setdefault(key, Pair(*key, base=None, new=rec))
+    return [compare_pair(p, settings) for p in pairs.values()]
+
+
+def sort_pairs(pairs: list[Pair], how: str) -> list[Pair]:
+    if how == "name":
+        return sorted(pairs, key=lambda p: (p.case_id, p.backend))
+    if how == "ratio":  # worst (largest time ratio) first; pairs without a ratio last
+        return sorted(pairs, key=lambda p: -p.test.ratio if p.test else math.inf)
+    if how == "change":
+        return sorted(pairs, key=lambda p: (_CHANGE_ORDER[p.change], -(p.test.ratio if p.test else 0)))
+    return list(pairs)  # "run": the order of the runs
+
+
+SORTS = ("run", "name", "ratio", "change")
+
+
+def counts(pairs: Iterable[Pair]) -> dict[Change, int]:
+    out = {c: 0 for c in Change}
+    for p in pairs:
+        out[p.change] += 1
+    return out
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    from scipy import stats
+
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return float(stats.gmean(vals)) if vals else None
+
+
+def is_regression(pairs: Iterable[Pair]) -> bool:
+    """What --fail-on-regression fails on: a pair slower, or a pair that passed before and no longer does."""
+    return any(p.change in (Change.SLOWER, Change.FAILING) for p in pairs)
+
+
+# -- one run, every backend against a baseline ---------------------------------------------------
+
+@dataclass
+class Speedup:
+    """``speedup`` = median(baseline time) / median(backend time): > 1 means the backend is faster."""
+
+    case_id: str
+    group: str
+    backend: str
+    speedup: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    significant: bool = False
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class BaselineTable:
+    baseline: str
+    backends: list[str]
+    cases: list[str]                                  # case ids in run order
+    groups: dict[str, list[str]]                      # group key -> case ids
+    baseline_median: dict[str, float | None]          # case id -> seconds
+    cells: dict[tuple[str, str], Speedup] = field(default_factory=dict)   # (case id, backend)
+
+    def group_geomean(self, group: str, backend: str) -> float | None:
+        return geomean(self.cells[(c, backend)].speedup for c in self.groups[group] if (c, backend) in self.cells)
+
+    def overall_geomean(self, backend: str) -> float | None:
+        return geomean(s.speedup for (c, b), s in self.cells.items() if b == backend)
+
+
+def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Callable[[dict[str, Any]], str],
+                        settings: Settings = Settings(), *, file: str | None = None) -> BaselineTable:
+    records = result["records"]
+    backends = list(dict.fromkeys(r["backend"] for r in records))
+    if baseline not in backends:
+        raise BadInput(f"backend {baseline!r} is not in this result", file=file, where="--baseline",
+                       fix=f"use one of: {', '.join(backends)}")
+    by_key = {(r["case_id"], r["backend"]): r for r in records}
+    cases = list(dict.fromkeys(r["case_id"] for r in records))
+    groups: dict[str, list[str]] = {}
+    first = {r["case_id"]: r for r in reversed(records)}
+    for cid in cases:
+        groups.setdefault(group_key(first[cid]), []).append(cid)
+    table = BaselineTable(baseline, [b for b in backends if b != baseline], cases, groups,
+                          {c: median_of(by_key.get((c, baseline))) if _passed(by_key.get((c, baseline))) else None
+                           for c in cases})
+    for group, ids in groups.items():
+        for cid in ids:
+            base = by_key.get((cid, baseline))
+            for name in table.backends:
+                rec = by_key.get((cid, name))
+                if rec is None:
+                    continue
+                cell = Speedup(cid, group, name, None)
+                if not _passed(base):
+                    cell.note = f"baseline {_status_text(base) if base else 'missing'}"
+                elif not _passed(rec):
+                    cell.note = _status_text(rec)
+                else:
+                    t = ratio_test(_samples(rec), _samples(base), settings)  # base/rec times: > 1 is faster
+                    cell.speedup, cell.ci_low, cell.ci_high, cell.p_value = t.ratio, t.ci_low, t.ci_high, t.p_value
+                    cell.significant = t.significant(settings.alpha)
+                table.cells[(cid, name)] = cell
+    return table
+
+
+def fmt_speedup(speedup: float | None) -> str:
+    """AVO style: 1.035 -> "+3.5%", 0.9 -> "-10.0%"."""
+    return "" if speedup is None else f"{100 * (speedup - 1):+.1f}%"

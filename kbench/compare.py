@@ -298,6 +298,19 @@ class BaselineTable:
         return geomean(s.speedup for (c, b), s in self.cells.items() if b == backend)
 
 
+def group_key_for(registry) -> Callable[[Mapping[str, Any]], str]:
+    """record -> its op's group key (head_dim x causal x heads x dtype for attention), or the op name."""
+    from kbench.errors import KbenchError
+
+    def key(rec: Mapping[str, Any]) -> str:
+        try:
+            op = registry.op(rec["op"])
+            return op.group_key(op.make_case(rec["case"]))
+        except (KbenchError, ValueError, KeyError):  # op not installed here, or an old parameter set
+            return rec["op"]
+    return key
+
+
 def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Callable[[dict[str, Any]], str],
                         settings: Settings = Settings(), *, file: str | None = None) -> BaselineTable:
     records = result["records"]

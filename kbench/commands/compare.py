@@ -9,19 +9,6 @@ from kbench.compare import CHANGED, SORTS
 from kbench.tables import FORMATS
 
 
-def group_key_for(pm):
-    """record -> the op's group key (head_dim x causal x heads x dtype for attention)."""
-    from kbench.errors import KbenchError
-
-    def key(rec):
-        try:
-            op = pm.registry.op(rec["op"])
-            return op.group_key(op.make_case(rec["case"]))
-        except (KbenchError, ValueError, KeyError):  # op not installed here, or an old parameter set
-            return rec["op"]
-    return key
-
-
 @click.command("compare")
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--baseline", metavar="BACKEND",
@@ -54,7 +41,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
     failing; 2 on bad input (including results from different machines).
     """
-    from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, is_regression, \
+    from kbench.compare import Change, Settings, group_key_for, check_same_machine, compare_runs, counts, geomean, is_regression, \
         machine_mismatch, sort_pairs, speedup_vs_baseline
     from kbench.errors import BadInput
     from kbench.results import load_result
@@ -75,7 +62,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         if len(data) != 1:
             raise BadInput(f"--baseline compares the backends of one result; got {len(data)} files",
                            where="RESULTS", fix="give one result file with --baseline, or two files without it")
-        table = speedup_vs_baseline(data[0], baseline, group_key_for(pm), settings, file=results[0])
+        table = speedup_vs_baseline(data[0], baseline, group_key_for(pm.registry), settings, file=results[0])
         if text:
             click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise\n")
         click.echo(speedup_table(table, fmt))

@@ -1,0 +1,243 @@
+"""The report's plots (matplotlib, no pyplot state): throughput, speedup, roofline, noise.
+
+Each function returns a Figure, or ``None`` when the records hold nothing to plot. Colours are
+fixed per series across figures so one backend is one colour everywhere.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#7f7f7f", "#bcbd22")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+STYLE = {"font.family": "sans-serif", "font.size": 9, "axes.titlesize": 10, "axes.spines.top": False,
+         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "svg.fonttype": "none",
+         "svg.hashsalt": "kbench"}
+
+#: case parameters that place a point (x axis, panel) rather than name a series
+_PLACED = ("batch", "seqlen_q", "seqlen_kv", "head_dim", "causal")
+
+
+def colors(series: Sequence[str]) -> dict[str, str]:
+    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(dict.fromkeys(series))}
+
+
+def short_case(case_id: str) -> str:
+    """attention[b=1,sq=64,...] -> b=1,sq=64,... (the op name is the same everywhere)."""
+    return case_id[case_id.find("[") + 1:-1] if case_id.endswith("]") and "[" in case_id else case_id
+
+
+def _fmt_len(x: float, _pos=None) -> str:
+    x = int(round(x))
+    return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig
+
+
+def _passed(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r["rec"]["status"] == "passed" and (r["rec"].get("metrics") or {}).get("tflops")]
+
+
+def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
+    """TFLOP/s against sequence length, one panel per head_dim x causal (like FlashAttention-3 fig. 5).
+
+    ``rows``: dicts with ``series`` (backend, with the run's label when several runs) and ``rec``.
+    Parameters that vary inside a panel besides the placed ones (heads, dtype) split a series.
+    """
+    rows = [r for r in _passed(rows) if {"head_dim", "causal", "seqlen_kv"} <= set(r["rec"]["case"])]
+    if not rows:
+        return None
+    panels: dict[tuple, list] = {}
+    for r in rows:
+        c = r["rec"]["case"]
+        panels.setdefault((c["head_dim"], bool(c["causal"])), []).append(r)
+    keys = sorted(panels)
+    ncols = 1 if len(keys) == 1 else 2
+    nrows = math.ceil(len(keys) / ncols)
+    fig = _new_figure(11 if ncols == 2 else 7, 3.6 * nrows + 0.4)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax, key in zip(axes, keys):
+        prows = panels[key]
+        varying = [p for p in prows[0]["rec"]["case"] if p not in _PLACED
+                   and len({str(r["rec"]["case"].get(p)) for r in prows}) > 1]
+        lines: dict[str, list] = {}
+        for r in prows:
+            extra = ",".join(f"{p}={r['rec']['case'][p]}" for p in varying)
+            lines.setdefault((r["series"], extra), []).append(r)
+        styles = {e: MARKERS[i % len(MARKERS)] for i, e in enumerate(sorted({e for _, e in lines}))}
+        dashes = {e: ("-", "--", ":", "-.")[i % 4] for i, e in enumerate(sorted({e for _, e in lines}))}
+        for (series, extra), pts in sorted(lines.items()):
+            pts = sorted(pts, key=lambda r: r["rec"]["case"]["seqlen_kv"])
+            xs = [r["rec"]["case"]["seqlen_kv"] for r in pts]
+            ys = [r["rec"]["metrics"]["tflops"] for r in pts]
+            label = f"{series} {extra}".strip()
+            ax.plot(xs, ys, marker=styles[extra], linestyle=dashes[extra], color=palette[series], label=label,
+                    markersize=5, linewidth=1.4)
+        xs_all = sorted({r["rec"]["case"]["seqlen_kv"] for r in prows})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs_all)
+        ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"head_dim {key[0]}, {'causal' if key[1] else 'non-causal'}")
+        ax.set_xlabel("sequence length (keys)")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=7, frameon=False)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    return fig
+
+
+def speedup(table, palette: Mapping[str, str]) -> Figure | None:
+    """Horizontal bars: each backend's speedup over the baseline per case, CI as error bars."""
+    backends = [b for b in table.backends if any(s.speedup for (c, n), s in table.cells.items() if n == b)]
+    cases = [c for c in table.cases if any((c, b) in table.cells and table.cells[(c, b)].speedup for b in backends)]
+    if not backends or not cases:
+        return None
+    height = 0.8 / len(backends)
+    fig = _new_figure(10, 0.3 * len(cases) * max(1.5, len(backends)) + 1.4)
+    ax = fig.subplots()
+    for i, b in enumerate(backends):
+        ys, vals, lo, hi = [], [], [], []
+        for j, c in enumerate(cases):
+            s = table.cells.get((c, b))
+            if s is None or s.speedup is None:
+                continue
+            ys.append(j + (i - (len(backends) - 1) / 2) * height)
+            vals.append(100 * (s.speedup - 1))
+            lo.append(100 * (s.speedup - s.ci_low))
+            hi.append(100 * (s.ci_high - s.speedup))
+        ax.barh(ys, vals, height=height * 0.9, color=palette.get(b, PALETTE[i]), xerr=[lo, hi],
+                error_kw={"elinewidth": 0.8, "capsize": 2}, label=f"{b} (geomean {_pct(table.overall_geomean(b))})")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(cases)))
+    ax.set_yticklabels([short_case(c) for c in cases], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"speedup over {table.baseline} (%): time of {table.baseline} / time of backend - 1")
+    ax.set_title(f"speedup vs {table.baseline} per case (bars: 95% bootstrap CI)")
+    ax.grid(axis="y", visible=False)
+    fig.legend(fontsize=8, frameon=False, loc="outside upper center", ncols=min(3, len(backends)))
+    return fig
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * (x - 1):+.1f}%"
+
+
+def roofs_of(hardware: Mapping[str, Any] | None, dtypes: Sequence[str]) -> list[tuple[str, str, float, float | None]]:
+    """(kind, dtype, peak FLOP/s, bandwidth B/s) for every dtype with a figure; kind datasheet/measured."""
+    hw = hardware or {}
+    out = []
+    for kind, flops_key, bw_key in (("datasheet", "peak_flops", "bandwidth"),
+                                    ("measured", "measured_flops", "measured_bandwidth")):
+        peaks = hw.get(flops_key) or {}
+        bw = hw.get(bw_key)
+        for dt in dtypes:
+            if peaks.get(dt):
+                out.append((kind, dt, float(peaks[dt]), float(bw) if bw else None))
+        if bw and not any(p for p in (peaks.get(dt) for dt in dtypes)):
+            out.append((kind, "", math.nan, float(bw)))  # a bandwidth roof without a compute roof
+    return out
+
+
+def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | None,
+             palette: Mapping[str, str]) -> Figure | None:
+    """Every measured case as a point (intensity, TFLOP/s) on the hardware's roofs, log-log."""
+    rows = [r for r in _passed(rows) if (r["rec"].get("metrics") or {}).get("intensity")]
+    if not rows:
+        return None
+    fig = _new_figure(9, 5.2)
+    ax = fig.subplots()
+    dtypes = sorted({str(r["rec"]["case"].get("dtype", "")) for r in rows})
+    xs = [r["rec"]["metrics"]["intensity"] for r in rows]
+    ys = [r["rec"]["metrics"]["tflops"] for r in rows]
+    roofs = roofs_of(hardware, dtypes)
+    x_lo, x_hi = min(xs) / 4, max(xs) * 4
+    for _, _, peak, bw in roofs:
+        if bw and peak == peak:
+            x_hi = max(x_hi, peak / bw * 4)
+    grid = np.geomspace(x_lo, x_hi, 200)
+    top = max(ys)
+    for kind, dt, peak, bw in roofs:
+        style = "-" if kind == "datasheet" else "--"
+        roof = np.full_like(grid, np.inf)
+        if peak == peak:
+            roof = np.minimum(roof, peak)
+        if bw:
+            roof = np.minimum(roof, bw * grid)
+        label = f"{kind} {dt} roof".replace("  ", " ")
+        if peak == peak:
+            label += f" ({peak / 1e12:.4g} TFLOP/s"
+            label += f", {bw / 1e9:.4g} GB/s)" if bw else ")"
+        else:
+            label += f" ({bw / 1e9:.4g} GB/s)"
+        ax.plot(grid, roof / 1e12, style, color="#444444" if kind == "datasheet" else "#888888", linewidth=1.2,
+                label=label)
+        top = max(top, float(np.nanmax(roof[np.isfinite(roof)])) / 1e12) if np.isfinite(roof).any() else top
+    for series in dict.fromkeys(r["series"] for r in rows):
+        pts = [r for r in rows if r["series"] == series]
+        ax.scatter([r["rec"]["metrics"]["intensity"] for r in pts], [r["rec"]["metrics"]["tflops"] for r in pts],
+                   color=palette[series], label=series, s=22, zorder=3, edgecolors="white", linewidths=0.5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(min(ys) / 3, top * 2)
+    ax.set_xlabel("operational intensity (FLOP / byte of minimum DRAM traffic)")
+    ax.set_ylabel("attained TFLOP/s")
+    title = (hardware or {}).get("title") or (hardware or {}).get("name") or "no hardware profile"
+    ax.set_title(f"roofline: {title}")
+    if not any(peak == peak for _, _, peak, _ in roofs):
+        what = "no compute peak" + ("" if any(bw for *_, bw in roofs) else " and no bandwidth")
+        ax.text(0.02, 0.97, f"{what} for {', '.join(dtypes)} in the hardware profile "
+                f"({(hardware or {}).get('name', 'none')}): roofs not drawn.\n"
+                "`kbench calibrate` measures them on this machine.", transform=ax.transAxes, va="top",
+                fontsize=8, color="#a33", bbox={"facecolor": "#fff6f6", "edgecolor": "#e0b0b0", "boxstyle": "round"})
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    return fig
+
+
+def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: int = 60) -> tuple[Figure | None, int]:
+    """Samples / median per record as box plots (whiskers 5-95%): how much to trust each number.
+
+    Shows the ``limit`` noisiest records (by IQR / median); returns the figure and how many were left out.
+    """
+    rows = [r for r in rows if r["rec"]["status"] == "passed" and len((r["rec"].get("timing") or {}).get("samples")
+                                                                        or []) >= 2]
+    if not rows:
+        return None, 0
+    rows = sorted(rows, key=lambda r: -(r["rec"].get("stats") or {}).get("rel_spread", 0) or 0)
+    left_out = max(0, len(rows) - limit)
+    rows = rows[:limit]
+    data = []
+    for r in rows:
+        s = np.asarray(r["rec"]["timing"]["samples"], dtype=float)
+        data.append(100 * (s / np.median(s) - 1))
+    fig = _new_figure(10, 0.24 * len(rows) + 1.3)
+    ax = fig.subplots()
+    box = ax.boxplot(data, orientation="horizontal", whis=(5, 95), showfliers=False, patch_artist=True,
+                     widths=0.6, medianprops={"color": "black", "linewidth": 1})
+    for patch, r in zip(box["boxes"], rows):
+        patch.set_facecolor(palette[r["series"]])
+        patch.set_alpha(0.55)
+    ax.set_yticks(range(1, len(rows) + 1))
+    ax.set_yticklabels([f"{r['series']}  {short_case(r['rec']['case_id'])}  "
+                        f"(IQR {100 * ((r['rec'].get('stats') or {}).get('rel_spread') or 0):.1f}%, "
+                        f"n={len(r['rec']['timing']['samples'])})" for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("sample time relative to the record's median (%); box: quartiles, whiskers: 5th-95th percentile")
+    ax.set_title("noise per record, noisiest first")
+    ax.grid(axis="y", visible=False)
+    return fig, left_out

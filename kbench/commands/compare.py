@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import click
 
@@ -94,6 +95,8 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         geo = f"; geomean time ratio {ratios:.3f}" if ratios else ""
         click.echo(f"\n{len(pairs)} pairs: {summary}{geo}")
     if fail_on_regression and is_regression(pairs):
-        click.echo("kbench: regression: " + ", ".join(f"{p.backend} {p.case_id} {p.change}" for p in pairs
-                                                       if p.change in (Change.SLOWER, Change.FAILING)), err=True)
+        bad = [p for p in pairs if p.change in (Change.SLOWER, Change.FAILING)]
+        per_backend = Counter(f"{p.backend} {p.change}" for p in bad)
+        click.echo(f"kbench: regression in {len(bad)} pairs: "
+                   + ", ".join(f"{k} x{n}" for k, n in per_backend.items()), err=True)
         sys.exit(1)

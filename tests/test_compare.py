@@ -1,0 +1,222 @@
+"""kbench compare: classification of known shifts, statuses, machine checks, baseline speedups, the CLI."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from synthetic_results import lognormal, record, result, write
+
+from kbench.cli import cli
+from kbench.compare import Change, Settings, classify, compare_runs, group_key_for, ratio_test, \
+    speedup_vs_baseline
+from kbench.errors import BadInput
+from kbench.plugins import PluginManager
+
+SMALL = {"seqlen": 64, "heads": 4, "head_dim": 32}
+
+
+def verdict(base, new, **settings):
+    return classify(ratio_test(base, new, Settings(**settings)), Settings(**settings))[0]
+
+
+# -- statistics on known shifts --------------------------------------------------------------------
+
+def test_ten_percent_slowdown_with_low_noise_is_slower():
+    base = lognormal(1e-4, 0.01, 200, seed=1)
+    new = lognormal(1.1e-4, 0.01, 200, seed=2)
+    t = ratio_test(base, new)
+    assert t.ratio == pytest.approx(1.1, rel=0.01)
+    assert t.ci_low > 1.08 and t.ci_high < 1.12 and t.p_value < 1e-10
+    assert classify(t)[0] is Change.SLOWER
+    assert verdict(new, base) is Change.FASTER
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_ten_percent_shift_in_heavy_noise_is_never_slower(seed):
+    base = lognormal(1e-4, 0.4, 30, seed=100 + seed)
+    new = lognormal(1.1e-4, 0.4, 30, seed=200 + seed)
+    assert verdict(base, new) in (Change.SAME, Change.AMBIGUOUS)
+
+
+@pytest.mark.parametrize("sigma", [0.01, 0.05])
+def test_identical_distributions_are_same(sigma):
+    for seed in range(5):
+        base = lognormal(1e-4, sigma, 100, seed=seed)
+        new = lognormal(1e-4, sigma, 100, seed=50 + seed)
+        assert verdict(base, new) is Change.SAME, (sigma, seed)
+
+
+def test_identical_distributions_in_heavy_noise_are_never_a_change():
+    # the medians of 100 samples with 40% noise differ by more than 5% by chance: not a verdict either way
+    for seed in range(8):
+        base = lognormal(1e-4, 0.4, 100, seed=seed)
+        new = lognormal(1e-4, 0.4, 100, seed=50 + seed)
+        assert verdict(base, new) in (Change.SAME, Change.AMBIGUOUS), seed
+
+
+def test_factor_decides_what_counts_as_a_change():
+    base = lognormal(1e-4, 0.005, 200, seed=3)
+    new = lognormal(1.03e-4, 0.005, 200, seed=4)
+    # significant, but 3% is inside the default factor 1.05 ...
+    assert ratio_test(base, new).significant(0.01)
+    assert verdict(base, new) is Change.SAME
+    # ... and a change when the factor is 1.02
+    assert verdict(base, new, factor=1.02) is Change.SLOWER
+
+
+def test_shift_smaller_than_the_spread_is_ambiguous_not_slower():
+    # many samples make a 10% shift significant, but a bimodal 40% spread swallows it
+    rng_a = lognormal(1e-4, 0.3, 3000, seed=5)
+    rng_b = lognormal(1.1e-4, 0.3, 3000, seed=6)
+    t = ratio_test(rng_a, rng_b)
+    assert t.significant(0.01) and t.noise > 0.3
+    change, why = classify(t)
+    assert change is Change.AMBIGUOUS and "noise" in why
+
+
+def test_bad_settings_are_bad_input():
+    with pytest.raises(BadInput, match="--factor"):
+        Settings(factor=0.9)
+    with pytest.raises(BadInput, match="--alpha"):
+        Settings(alpha=2)
+
+
+# -- statuses and matching --------------------------------------------------------------------------
+
+def _pair_result(new_status="passed", shift=1.0, extra_new=(), extra_base=()):
+    base = result([record("a", SMALL, lognormal(1e-4, 0.01, 50, 1)), *extra_base])
+    new_rec = (record("a", SMALL, lognormal(shift * 1e-4, 0.01, 50, 2)) if new_status == "passed"
+               else record("a", SMALL, None, status=new_status, reason="relative L2 error 0.3 exceeds 1e-5"))
+    return base, result([new_rec, *extra_new])
+
+
+def test_newly_failing_fixed_and_incomparable():
+    base, new = _pair_result(new_status="failed")
+    (p,) = compare_runs(base, new)
+    assert p.change is Change.FAILING and p.change.mark == "!" and "relative L2" in p.note
+    (p,) = compare_runs(new, base)
+    assert p.change is Change.FIXED and p.change.mark == "*"
+    only_new = record("b", SMALL, lognormal(1e-4, 0.01, 20, 3))
+    skipped = record("c", SMALL, None, status="skipped", reason="needs a GPU")
+    base, new = _pair_result(extra_new=(only_new, skipped), extra_base=(skipped,))
+    pairs = {p.backend: p for p in compare_runs(base, new)}
+    assert pairs["a"].change is Change.SAME
+    assert pairs["b"].change is Change.INCOMPARABLE and "only in the new run" in pairs["b"].note
+    assert pairs["c"].change is Change.INCOMPARABLE and pairs["c"].change.mark == "x"
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def invoke(runner, *args):
+    return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _files(tmp_path, shift, machine_new=None):
+    recs_b, recs_n = [], []
+    for i, seqlen in enumerate((64, 128)):
+        params = {**SMALL, "seqlen": seqlen}
+        recs_b += [record("fast", params, lognormal(1e-4, 0.01, 60, i)),
+                   record("slowing", params, lognormal(2e-4, 0.01, 60, 10 + i))]
+        recs_n += [record("fast", params, lognormal(1e-4, 0.01, 60, 20 + i)),
+                   record("slowing", params, lognormal(2e-4 * shift, 0.01, 60, 30 + i))]
+    base = write(tmp_path / "base.json", result(recs_b))
+    kw = {"machine": machine_new} if machine_new else {}
+    new = write(tmp_path / "new.json", result(recs_n, **kw))
+    return base, new
+
+
+def test_cli_reports_slower_and_fails_on_regression(runner, tmp_path):
+    base, new = _files(tmp_path, shift=1.5)
+    res = invoke(runner, "compare", base, new)
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if "attention[" in ln]
+    assert len(lines) == 4
+    assert all(ln.startswith("+") and "slower" in ln for ln in lines if "slowing" in ln)
+    assert all(not ln.startswith(("+", "-")) and "same" in ln for ln in lines if " fast " in ln)
+    assert "2 slower" in res.output and "2 same" in res.output
+    res = invoke(runner, "compare", base, new, "--fail-on-regression")
+    assert res.exit_code == 1 and "regression" in res.output
+    # only the changed pairs, worst first
+    res = invoke(runner, "compare", base, new, "--only-changed", "--sort", "ratio")
+    rows = [ln for ln in res.output.splitlines() if "attention[" in ln]
+    assert len(rows) == 2 and all("slowing" in r for r in rows)
+
+
+def test_cli_identical_runs_pass_the_gate(runner, tmp_path):
+    base, new = _files(tmp_path, shift=1.0)
+    res = invoke(runner, "compare", base, new, "--fail-on-regression")
+    assert res.exit_code == 0, res.output
+    assert "4 pairs: 4 same" in res.output
+
+
+def test_cli_formats(runner, tmp_path):
+    base, new = _files(tmp_path, shift=1.5)
+    data = json.loads(invoke(runner, "compare", base, new, "--format", "json").output)
+    assert {d["change"] for d in data} == {"slower", "same"}
+    slow = [d for d in data if d["backend"] == "slowing"]
+    assert all(d["mark"] == "+" and d["ratio"] == pytest.approx(1.5, rel=0.03) for d in slow)
+    assert all(d["ci_low"] <= d["ratio"] <= d["ci_high"] for d in data)
+    csv_out = invoke(runner, "compare", base, new, "--format", "csv").output
+    assert csv_out.splitlines()[0].startswith("mark,before,after,ratio")
+    md = invoke(runner, "compare", base, new, "--format", "markdown").output
+    assert "| before" in md.replace("|    ", "| ").replace("|  ", "| ")
+
+
+def test_cli_refuses_different_machines_unless_allowed(runner, tmp_path):
+    other = {"id": "gpu-nvidia-h100-sxm", "device": "cuda"}
+    base, new = _files(tmp_path, shift=1.0, machine_new=other)
+    res = runner.invoke(cli, ["compare", base, new])
+    assert res.exit_code == 2
+    assert "different machines" in res.output and "cpu-test-2c" in res.output and "gpu-nvidia-h100-sxm" in res.output
+    assert "--allow-different-machines" in res.output
+    res = invoke(runner, "compare", base, new, "--allow-different-machines")
+    assert res.exit_code == 0 and "WARNING: different machines" in res.output
+
+
+def test_cli_bad_arguments(runner, tmp_path):
+    base, new = _files(tmp_path, shift=1.0)
+    res = runner.invoke(cli, ["compare", base])
+    assert res.exit_code == 2 and "BASE and NEW" in res.output
+    res = runner.invoke(cli, ["compare", base, "--baseline", "nope"])
+    assert res.exit_code == 2 and "nope" in res.output and "fast, slowing" in res.output
+    res = runner.invoke(cli, ["compare", base, new, "--baseline", "fast"])
+    assert res.exit_code == 2 and "one result" in res.output
+
+
+# -- speedup against a baseline -----------------------------------------------------------------------
+
+def test_speedup_vs_baseline_per_case_and_geomean_per_group(runner, tmp_path):
+    recs = []
+    speed = {False: 1.25, True: 1.10}        # the candidate is 25% faster non-causal, 10% faster causal
+    for causal in (False, True):
+        for i, seqlen in enumerate((64, 128, 256)):
+            params = {**SMALL, "seqlen": seqlen, "causal": causal}
+            t = 1e-4 * seqlen / 64
+            recs.append(record("cudnn", params, lognormal(t, 0.005, 80, i)))
+            recs.append(record("evolved", params, lognormal(t / speed[causal], 0.005, 80, 100 + i)))
+            recs.append(record("broken", params, None, status="error", reason="RuntimeError: boom"))
+    data = result(recs)
+    table = speedup_vs_baseline(data, "cudnn", group_key_for(PluginManager(load_entry_points=False).registry))
+    assert set(table.groups) == {"d=32,noncausal,hq=4,hkv=4,fp32", "d=32,causal,hq=4,hkv=4,fp32"}
+    assert table.group_geomean("d=32,noncausal,hq=4,hkv=4,fp32", "evolved") == pytest.approx(1.25, rel=0.01)
+    assert table.group_geomean("d=32,causal,hq=4,hkv=4,fp32", "evolved") == pytest.approx(1.10, rel=0.01)
+    assert table.overall_geomean("evolved") == pytest.approx(math.sqrt(1.25 * 1.10), rel=0.01)
+    assert all(c.significant for (cid, b), c in table.cells.items() if b == "evolved")
+    assert all(c.speedup is None and "error" in c.note for (cid, b), c in table.cells.items() if b == "broken")
+
+    res = invoke(runner, "compare", write(tmp_path / "one.json", data), "--baseline", "cudnn")
+    assert res.exit_code == 0, res.output
+    assert "geomean d=32,noncausal,hq=4,hkv=4,fp32 (3 cases)" in res.output
+    assert "evolved vs cudnn: +17.3%" in res.output   # sqrt(1.25 * 1.10) = 1.1726
+    geo_rows = [ln for ln in res.output.splitlines() if ln.startswith("geomean d=32,causal")]
+    assert len(geo_rows) == 1 and "+10.0%" in geo_rows[0]
+    data = json.loads(invoke(runner, "compare", str(tmp_path / "one.json"), "--baseline", "cudnn",
+                             "--format", "json").output)
+    assert data["geomean"]["evolved"]["all"] == pytest.approx(1.1726, rel=0.01)

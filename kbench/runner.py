@@ -10,8 +10,10 @@ import datetime as _dt
 import importlib.metadata as md
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
@@ -20,12 +22,13 @@ from kbench import __version__
 from kbench.backends import Backend
 from kbench.enums import Status
 from kbench.errors import BadInput
-from kbench.execute import ExecContext, execute
+from kbench.execute import ExecContext, base_record, execute
+from kbench.integrity import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
-from kbench.results import ResultWriter
+from kbench.results import ResultWriter, load_result
 from kbench.selection import Keyword
-from kbench.suite import DevicePlan, Suite
+from kbench.suite import DevicePlan, Suite, suite_from_data
 
 
 class Executor(Protocol):
@@ -88,6 +91,14 @@ class RunRequest:
     kernel_files: list[str] = field(default_factory=list)
     keyword: str | None = None
     output: Path | None = None
+    #: trusted backends in a shared worker (True) or in this process (False); untrusted ones always in workers
+    isolate: bool = True
+    #: seconds one (backend, case) may take; overrides the suite's timing.case_timeout
+    case_timeout: float | None = None
+    #: tunable settings per kernel file path
+    kernel_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: load kernel files as trusted backends (in-process with isolate=False, no sandbox, no static checks)
+    trust_kernel_files: bool = False
 
 
 @dataclass
@@ -100,6 +111,7 @@ class PlannedRun:
     ctx: ExecContext
     keyword: Keyword
     output: Path
+    case_timeout: float | None = None
 
     def work(self) -> list[tuple[Case, Backend]]:
         """(case, backend) pairs in case-major order, so inputs and references are shared."""
@@ -117,9 +129,13 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
     backends = [] if req.kernel_files and not req.backend_patterns else reg.select_backends(op.name, patterns)
     if req.kernel_files:
         from kbench.kernelfile import KernelFileBackend
+        from kbench.workers import KernelFileRef
 
         for path in req.kernel_files:
-            kb = KernelFileBackend(path, reg)
+            settings = req.kernel_settings.get(path)
+            # an untrusted kernel file is never imported here: the parent reads its text, a worker runs it
+            kb = (KernelFileBackend(path, reg, settings=settings, trusted=True) if req.trust_kernel_files
+                  else KernelFileRef(path, reg, settings=settings))
             if kb.op != op.name:
                 raise BadInput(f"kernel implements op {kb.op!r} but the suite is for {op.name!r}", file=path,
                                fix="use a suite of the kernel's op")
@@ -130,9 +146,17 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
                        fix=f"known backends: {', '.join(known)}; or give a kernel file path")
     keyword = Keyword(req.keyword)
     ctx = ExecContext(op=op, device=device, check=plan.check, timing=plan.timing,
-                      hardware=pm.detect_hardware(device))
+                      hardware=pm.detect_hardware(device), integrity=integrity_settings(req.suite))
     output = Path(req.output) if req.output else default_output(device.machine_id(), req.suite)
-    return PlannedRun(req, plan, backends, ctx, keyword, output)
+    return PlannedRun(req, plan, backends, ctx, keyword, output, req.case_timeout or plan.case_timeout)
+
+
+def integrity_settings(suite: Suite) -> IntegritySettings:
+    try:
+        return IntegritySettings.from_mapping(suite.data.get("integrity"))
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"bad integrity settings: {exc}", file=suite.path, where=suite.where(("integrity",)),
+                       fix="see docs/integrity.md for the keys") from None
 
 
 def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
@@ -147,30 +171,95 @@ def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
         "suite": {"name": req.suite.name, "path": req.suite.path, "data": req.suite.data},
         "device": device.name,
         "selection": {"backends": [b.name for b in planned.backends], "keyword": req.keyword,
-                      "kernel_files": list(req.kernel_files)},
+                      "kernel_files": list(req.kernel_files), "kernel_settings": dict(req.kernel_settings),
+                      "isolate": req.isolate, "case_timeout": req.case_timeout,
+                      "trust_kernel_files": req.trust_kernel_files},
     }
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run; the result file is left valid and marked incomplete."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(how)
+        self.how = how
+
+
+def _on_sigterm(signum, frame):
+    raise RunInterrupted("terminated (SIGTERM)")
 
 
 def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | None = None,
               on_record: Callable[[dict[str, Any], int, int], None] | None = None,
               existing: Iterable[dict[str, Any]] = ()) -> ResultWriter:
-    """Run every (case, backend) not already in ``existing``; append each record as it is made."""
+    """Run every (case, backend) not already in ``existing``; append each record as it is made.
+
+    Without an ``executor``, work goes to a :class:`kbench.workers.WorkerPool`: untrusted backends in
+    sandboxed workers always, trusted ones in a worker unless ``planned.request.isolate`` is False.
+    Ctrl-C or SIGTERM finishes the file as interrupted and raises :class:`RunInterrupted`.
+    """
     existing = list(existing)
     done = {(r["case_id"], r["backend"]) for r in existing}
     writer = ResultWriter(planned.output, run_header(pm, planned), existing)
-    run_one = executor or (lambda backend, case: execute(planned.ctx, backend, case))
+    pool = None
+    if executor is None:
+        from kbench.workers import WorkerPool
+
+        pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout)
+        executor = pool
     todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
         for i, (case, backend) in enumerate(todo):
-            record = run_one(backend, case)
-            writer.append(record)
+            record = executor(backend, case)
+            _append(writer, record, backend, case, planned)
             if on_record is not None:
                 on_record(record, i + 1, len(todo))
-    except KeyboardInterrupt:
-        writer.finish(interrupted="interrupted by the user (Ctrl-C)")
-        raise
+    except KeyboardInterrupt as exc:
+        how = exc.how if isinstance(exc, RunInterrupted) else "interrupted by the user (Ctrl-C)"
+        writer.finish(interrupted=how)
+        raise exc if isinstance(exc, RunInterrupted) else RunInterrupted(how) from None
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+        if pool is not None:
+            pool.close()
     writer.finish()
     return writer
+
+
+def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case: Case, planned: PlannedRun) -> None:
+    """Append a record; one a plugin made invalid becomes an error record instead of ending the run."""
+    try:
+        writer.append(record)
+    except BadInput as exc:
+        fallback = base_record(backend.name, case, planned.ctx.device.name)
+        fallback.update(status=Status.ERROR.value, reason=f"the backend produced an invalid record: {exc.message}")
+        writer.append(fallback)
+    except (TypeError, ValueError) as exc:  # not JSON-serialisable
+        fallback = base_record(backend.name, case, planned.ctx.device.name)
+        fallback.update(status=Status.ERROR.value, reason=f"the backend produced a record that is not JSON: {exc}")
+        writer.append(fallback)
+
+
+def resume_request(pm: PluginManager, path: str | Path) -> tuple[RunRequest, list[dict[str, Any]]]:
+    """The request that made the result file ``path`` (same suite, device and selection) and its records."""
+    from kbench.workers import KernelFileRef
+
+    data = load_result(path)
+    suite_info = data["suite"]
+    suite = suite_from_data(suite_info["data"], path=suite_info.get("path"))
+    sel = data.get("selection") or {}
+    kernel_files = list(sel.get("kernel_files") or [])
+    settings = dict(sel.get("kernel_settings") or {})
+    file_names = {KernelFileRef(p, pm.registry, settings=settings.get(p)).name for p in kernel_files}
+    patterns = [b for b in sel.get("backends") or [] if b not in file_names]
+    req = RunRequest(suite=suite, device=data.get("device", "auto"), backend_patterns=patterns,
+                     kernel_files=kernel_files, keyword=sel.get("keyword"), output=Path(path),
+                     isolate=sel.get("isolate", True), case_timeout=sel.get("case_timeout"),
+                     kernel_settings=settings, trust_kernel_files=bool(sel.get("trust_kernel_files", False)))
+    return req, list(data["records"])
 
 
 def exit_code(records: Iterable[dict[str, Any]]) -> int:

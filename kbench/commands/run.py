@@ -15,7 +15,7 @@ def _is_kernel_file(pattern: str) -> bool:
 
 
 @click.command("run")
-@click.argument("suite", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("suite", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("-b", "--backend", "backends", multiple=True, metavar="PATTERN",
               help="Backend name pattern (fnmatch, '!' excludes) or a kernel file path; repeatable. "
                    "Default: the suite's selection.")
@@ -23,34 +23,68 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (accelerator if usable).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Result file (default results/<machine>/<suite>-<time>.json).")
+@click.option("--resume", type=click.Path(dir_okay=False, path_type=Path), metavar="RESULT",
+              help="Finish an interrupted run: same suite, device and selection as RESULT; only missing records run.")
+@click.option("--isolate/--no-isolate", default=True, show_default=True,
+              help="Run trusted backends in a worker process (--no-isolate: in this process, for debugging). "
+                   "Untrusted backends and kernel files always run in sandboxed workers.")
+@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
+@click.option("--trust-kernel-files", is_flag=True,
+              help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
 @click.option("--progress/--no-progress", default=None, help="Progress display (default: when stderr is a terminal).")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
               show_default=True, help="Format of the table printed at the end.")
 @click.pass_obj
-def run_command(pm, suite, backends, keyword, device, output, progress, fmt):
+def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
+                progress, fmt):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
-    Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input.
+    Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input,
+    130 when interrupted (Ctrl-C) and 143 when terminated (SIGTERM); an interrupted run is finished
+    with `kbench run --resume RESULT`.
     """
-    from kbench.runner import RunRequest, exit_code, plan_run, run_suite
+    from kbench.errors import BadInput
+    from kbench.runner import RunInterrupted, RunRequest, exit_code, plan_run, resume_request, run_suite
 
-    req = RunRequest(suite=load_suite(suite), device=device,
-                     backend_patterns=[b for b in backends if not _is_kernel_file(b)],
-                     kernel_files=[b for b in backends if _is_kernel_file(b)], keyword=keyword, output=output)
+    existing = []
+    if resume is not None:
+        if suite is not None or backends or keyword or output:
+            raise BadInput("--resume takes the suite, selection and output from the result file", where="--resume",
+                           fix="give only --resume RESULT (plus --case-timeout or --no-isolate if wanted)")
+        req, existing = resume_request(pm, resume)
+        req.isolate = req.isolate and isolate
+        req.case_timeout = case_timeout or req.case_timeout
+    else:
+        if suite is None:
+            raise BadInput("no suite given", where="SUITE", fix="kbench run suites/smoke.yaml, or --resume RESULT")
+        req = RunRequest(suite=load_suite(suite), device=device,
+                         backend_patterns=[b for b in backends if not _is_kernel_file(b)],
+                         kernel_files=[b for b in backends if _is_kernel_file(b)], keyword=keyword, output=output,
+                         isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files)
     planned = plan_run(pm, req)
     work = planned.work()
+    done = {(r["case_id"], r["backend"]) for r in existing}
+    left = sum((c.id, b.name) not in done for c, b in work)
     click.echo(f"kbench: {req.suite.name} on {planned.ctx.device.name}"
                f" ({planned.ctx.hardware.title if planned.ctx.hardware else 'no hardware profile'}): "
                f"{len(planned.plan.cases)} cases x {len(planned.backends)} backends = {len(work)} records"
-               f" -> {planned.output}", err=True)
+               + (f", {left} left to run" if resume is not None else "")
+               + f" -> {planned.output}", err=True)
     show_progress = sys.stderr.isatty() if progress is None else progress
-    writer = _run_with_progress(pm, planned, len(work)) if show_progress else run_suite(pm, planned)
+    try:
+        writer = (_run_with_progress(pm, planned, left, existing) if show_progress
+                  else run_suite(pm, planned, existing=existing))
+    except RunInterrupted as exc:
+        click.echo(f"\nkbench: {exc.how}; the records so far are in {planned.output} (marked incomplete); "
+                   f"finish with: kbench run --resume {planned.output}", err=True)
+        sys.exit(143 if "SIGTERM" in exc.how else 130)
     click.echo(records_table(writer.records, fmt))
     click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
     sys.exit(exit_code(writer.records))
 
 
-def _run_with_progress(pm, planned, total):
+def _run_with_progress(pm, planned, total, existing=()):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kbench.runner import run_suite
@@ -62,4 +96,4 @@ def _run_with_progress(pm, planned, total):
 
         def on_record(rec, i, n):
             bar.update(task, completed=i, last=f"{rec['backend']} {rec['status']}")
-        return run_suite(pm, planned, on_record=on_record)
+        return run_suite(pm, planned, on_record=on_record, existing=existing)

@@ -1,0 +1,489 @@
+"""Integrity checks: the ways a kernel games a benchmark, and how each is caught (docs/integrity.md).
+
+Three kinds of check live here:
+- settings (``integrity:`` in a suite) and the static checks of a kernel's source (forbidden calls,
+  ``exec``, module-level state), which run in the parent before any candidate code is loaded;
+- the harness snapshot: timer and harness functions captured before candidate code loads and
+  verified after every phase of an execution;
+- the sample guard: threads counted around every kernel call, outputs re-poisoned before every
+  timed sample and the last output of every rotating set kept for verification afterwards.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Mapping
+
+from kbench.devices import Device
+
+# --------------------------------------------------------------------------------------------
+# settings
+
+
+#: calls a candidate kernel may not make: the libraries it competes with, and the harness itself
+DEFAULT_FORBIDDEN_CALLS: tuple[str, ...] = (
+    "*scaled_dot_product_attention*",
+    "torch.nn.functional.*attention*",
+    "torch.nn.MultiheadAttention",
+    "flash_attn", "flash_attn.*", "*flash_attn_*",
+    "*cudnn*",
+    "xformers", "xformers.*",
+    # the harness: its float64 reference, its timer and checks, the objects it keeps in memory
+    "*attention_float64*",
+    "kbench.ops*", "kbench.execute*", "kbench.timing*", "kbench.integrity*", "kbench.workers*",
+    "kbench.runner*", "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "inspect.*frame*",
+    "inspect.stack", "inspect.trace",
+)
+
+#: dynamic code, which would hide any call from the static check, and child processes
+EXEC_CALLS: tuple[str, ...] = (
+    "exec", "eval", "compile", "__import__", "importlib", "importlib.*", "runpy.*", "marshal.loads",
+    "pickle.loads", "types.FunctionType", "types.CodeType", "subprocess", "subprocess.*", "os.system",
+    "os.popen", "os.exec*", "os.spawn*", "os.fork*", "multiprocessing", "multiprocessing.*",
+)
+
+#: module globals a kernel file may define as mutable containers (metadata, not state)
+ALLOWED_MODULE_CONTAINERS = frozenset({"TUNABLES", "__all__"})
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int | None:
+    """``4GiB``, ``512M``, ``1000000`` -> bytes (binary units); None stays None."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"not a size: {value!r} (write e.g. 4GiB, 512MiB or a number of bytes)")
+    power = {"": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[(m.group(2) or "").upper()[:1]]
+    return int(float(m.group(1)) * 1024 ** power)
+
+
+@dataclass(frozen=True)
+class IntegritySettings:
+    """The suite's ``integrity:`` section (every key optional; see the suite schema)."""
+
+    static_checks: str = "untrusted"          # which backends' source is checked: untrusted | all | none
+    forbidden_calls: tuple[str, ...] = DEFAULT_FORBIDDEN_CALLS
+    allowed_calls: tuple[str, ...] = ()       # exceptions to forbidden_calls
+    forbid_exec: bool = True
+    forbid_module_state: bool = True
+    check_threads: bool = True
+    check_harness: bool = True                # timers and harness functions captured and verified
+    verify_timed_outputs: bool = True
+    cache_ratio: float = 4.0                  # timed median this many times faster than fresh calls: cached
+    memory_limit: int | None = None           # RLIMIT_AS of sandboxed workers (None: half the RAM, CPU only)
+    file_size_limit: int | None = 64 * 2**20  # RLIMIT_FSIZE of sandboxed workers
+    cpu_time_factor: float = 4.0              # RLIMIT_CPU per case = factor * case timeout * cores
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None) -> IntegritySettings:
+        data = dict(data or {})
+        values: dict[str, Any] = {}
+        names = {f.name for f in fields(cls)}
+        for key, value in data.items():
+            if key not in names:
+                continue  # the schema refuses unknown keys; nothing else reaches here
+            if key in ("memory_limit", "file_size_limit"):
+                value = parse_size(value)
+            elif key in ("forbidden_calls", "allowed_calls"):
+                value = tuple(value)
+            values[key] = value
+        extra = tuple(data.get("extra_forbidden_calls", ()))
+        if extra:
+            values["forbidden_calls"] = tuple(values.get("forbidden_calls", DEFAULT_FORBIDDEN_CALLS)) + extra
+        return cls(**values)
+
+    def static_applies(self, trusted: bool) -> bool:
+        return self.static_checks == "all" or (self.static_checks == "untrusted" and not trusted)
+
+
+# --------------------------------------------------------------------------------------------
+# static checks of a kernel's source
+
+
+@dataclass(frozen=True)
+class Violation:
+    line: int
+    rule: str          # forbidden_calls | forbid_exec | forbid_module_state
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message} (integrity.{self.rule})"
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _matches(name: str, patterns: Iterable[str]) -> str | None:
+    low = name.lower()
+    for pat in patterns:
+        if fnmatch.fnmatchcase(low, pat.lower()):
+            return pat
+    return None
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, settings: IntegritySettings) -> None:
+        self.s = settings
+        self.aliases: dict[str, str] = {}      # local name -> module path it stands for
+        self.found: list[Violation] = []
+        self.depth = 0                         # 0 at module level
+
+    def _resolve(self, dotted: str) -> str:
+        head, _, rest = dotted.partition(".")
+        base = self.aliases.get(head, head)
+        return f"{base}.{rest}" if rest else base
+
+    def _check_name(self, node: ast.AST, name: str, what: str = "use of") -> None:
+        if _matches(name, self.s.allowed_calls):
+            return
+        pat = _matches(name, self.s.forbidden_calls)
+        if pat:
+            self.found.append(Violation(node.lineno, "forbidden_calls", f"{what} forbidden {name!r} (matches {pat!r})"))
+            return
+        if self.s.forbid_exec:
+            pat = _matches(name, EXEC_CALLS)
+            if pat:
+                self.found.append(Violation(node.lineno, "forbid_exec",
+                                            f"{what} {name!r}: dynamic code or child processes are not allowed"))
+
+    # imports bind aliases and are themselves uses of the module
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            self.aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            self._check_name(node, a.name, "import of")
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        mod = ("." * node.level) + (node.module or "")
+        for a in node.names:
+            full = f"{mod}.{a.name}" if mod else a.name
+            self.aliases[a.asname or a.name] = full
+            self._check_name(node, full, "import of")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        dotted = _dotted(node)
+        if dotted is not None:
+            self._check_name(node, self._resolve(dotted))
+            if isinstance(node.ctx, (ast.Store, ast.Del)) and self.s.forbid_module_state:
+                head = dotted.split(".")[0]
+                if head in self.aliases:
+                    self.found.append(Violation(node.lineno, "forbid_module_state",
+                                                f"assignment to {self._resolve(dotted)!r}: a kernel may not "
+                                                f"change other modules (monkey-patching)"))
+            return  # the chain is checked as a whole
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self._check_name(node, self._resolve(node.id))
+
+    def visit_Global(self, node: ast.Global) -> None:
+        if self.s.forbid_module_state:
+            self.found.append(Violation(node.lineno, "forbid_module_state",
+                                        f"`global {', '.join(node.names)}`: state kept between calls"))
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
+        if self.s.forbid_module_state:
+            self.found.append(Violation(node.lineno, "forbid_module_state",
+                                        f"`nonlocal {', '.join(node.names)}`: state kept between calls"))
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if self.s.forbid_module_state:
+            for dec in node.decorator_list:
+                name = _dotted(dec.func if isinstance(dec, ast.Call) else dec) or ""
+                if "cache" in name.lower() or "memo" in name.lower():
+                    self.found.append(Violation(dec.lineno, "forbid_module_state",
+                                                f"decorator {name!r} caches results between calls"))
+            for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                if _is_mutable(default):
+                    self.found.append(Violation(default.lineno, "forbid_module_state",
+                                                f"mutable default argument of {node.name!r}: state kept between calls"))
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if self.depth == 0 and self.s.forbid_module_state and _is_mutable(node.value):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            bad = [n for n in names if n not in ALLOWED_MODULE_CONTAINERS]
+            if bad:
+                self.found.append(Violation(node.lineno, "forbid_module_state",
+                                            f"module-level mutable {', '.join(bad)}: state (a cache?) kept between calls"))
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+
+_MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "deque", "Counter",
+                  "collections.defaultdict", "collections.OrderedDict", "collections.deque", "collections.Counter",
+                  "weakref.WeakValueDictionary", "weakref.WeakKeyDictionary"}
+
+
+def _is_mutable(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    return isinstance(node, ast.Call) and (_dotted(node.func) or "") in _MUTABLE_CALLS
+
+
+def static_check(source: str, settings: IntegritySettings, *, filename: str = "<kernel>") -> list[Violation]:
+    """Violations of the suite's static rules in a kernel's source (empty: clean)."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        return [Violation(exc.lineno or 0, "syntax", f"syntax error: {exc.msg}")]
+    checker = _Checker(settings)
+    checker.visit(tree)
+    seen, unique = set(), []
+    for v in checker.found:
+        if (v.line, v.message) not in seen:
+            seen.add((v.line, v.message))
+            unique.append(v)
+    return unique
+
+
+def backend_source(backend: Any) -> str | None:
+    """The source text a backend was loaded from (kept in memory by kernel files), else read from disk."""
+    for holder in (backend, getattr(backend, "source", None)):
+        text = getattr(holder, "text", None) if holder is not backend else getattr(backend, "source_text", None)
+        if isinstance(text, str):
+            return text
+    try:
+        with open(backend.source_path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def static_failure(settings: IntegritySettings, backend: Any) -> str | None:
+    """The reason a backend's source fails the suite's static checks, or None (clean or not checked)."""
+    if not getattr(backend, "source_path", None) or not settings.static_applies(getattr(backend, "trusted", True)):
+        return None
+    text = backend_source(backend)
+    if text is None:
+        return f"static check: cannot read the source {backend.source_path}"
+    found = static_check(text, settings, filename=str(backend.source_path))
+    if not found:
+        return None
+    more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+    return f"static check of {backend.source_path}: " + "; ".join(map(str, found[:3])) + more
+
+
+def literal_globals(source: str, names: Iterable[str]) -> dict[str, Any]:
+    """Module-level ``NAME = <literal>`` values, read without running the file."""
+    wanted, found = set(names), {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return found
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in wanted:
+                try:
+                    found[name] = ast.literal_eval(node.value)
+                except ValueError:
+                    found[name] = ValueError(f"{name} is not a literal")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# the harness snapshot: timers and harness functions, captured before candidate code loads
+
+TIMER_NAMES = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+               "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep")
+DEVICE_METHODS = ("time_call", "synchronize", "before_sample", "poisoned", "from_host", "to_host", "fingerprint",
+                  "is_same_memory")
+HARNESS_MODULES = ("kbench.execute", "kbench.timing", "kbench.stats", "kbench.integrity", "kbench.hardware")
+
+
+class HarnessSnapshot:
+    """Identity of every function the harness relies on to measure and judge a kernel."""
+
+    def __init__(self, device: Device | None = None) -> None:
+        self.device = device
+        self.items = dict(self._current())
+
+    def _current(self) -> Iterable[tuple[str, Any]]:
+        import importlib
+        import hashlib
+
+        import numpy as np
+
+        for name in TIMER_NAMES:
+            yield f"time.{name}", getattr(time, name, None)
+        for name in ("norm",):
+            yield f"numpy.linalg.{name}", getattr(np.linalg, name)
+        for name in ("isfinite", "count_nonzero", "array", "asarray", "ascontiguousarray", "shares_memory", "full",
+                     "median", "mean"):
+            yield f"numpy.{name}", getattr(np, name)
+        yield "hashlib.blake2b", hashlib.blake2b
+        yield "threading.active_count", threading.active_count
+        yield "os.listdir", os.listdir
+        for modname in HARNESS_MODULES:
+            mod = importlib.import_module(modname)
+            for key, value in vars(mod).items():
+                if callable(value) and not key.startswith("__"):
+                    yield f"{modname}.{key}", value
+        if self.device is not None:
+            cls = type(self.device)
+            for name in DEVICE_METHODS:
+                yield f"{cls.__name__}.{name}", getattr(cls, name, None)
+                yield f"{self.device.name} device instance .{name}", vars(self.device).get(name)
+
+    def changed(self) -> list[str]:
+        """Names whose object is no longer the one captured (or that appeared since)."""
+        now = dict(self._current())
+        return sorted(k for k in set(now) | set(self.items) if now.get(k) is not self.items.get(k))
+
+
+# --------------------------------------------------------------------------------------------
+# threads, counted around every kernel call
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: Python threads are what we can see
+        return threading.active_count()
+
+
+def thread_counts() -> tuple[int, int]:
+    return threading.active_count(), native_threads()
+
+
+class ThreadLeak(Exception):
+    """A kernel call returned with more threads alive than when it started."""
+
+
+class ThreadWatch:
+    """Counts Python and native threads before and after each call.
+
+    The first call of a kernel may start a library's persistent thread pool (BLAS, OpenMP, torch),
+    so growth is only an error from the second call on: a kernel that starts a thread per call, or
+    leaves work running when it returns, is caught there.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.calls = 0
+        self.max_seen = thread_counts()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        before = thread_counts()
+        result = fn()
+        self.after(before)
+        return result
+
+    def after(self, before: tuple[int, int]) -> None:
+        if not self.enabled:
+            return
+        after = thread_counts()
+        self.calls += 1
+        self.max_seen = tuple(max(a, b) for a, b in zip(self.max_seen, after))
+        if self.calls > 1 and (after[0] > before[0] or after[1] > before[1]):
+            raise ThreadLeak(f"the kernel returned with threads still running (Python threads {before[0]} -> "
+                             f"{after[0]}, native threads {before[1]} -> {after[1]}): work left running after "
+                             f"return is not timed")
+
+
+class SampleGuard(Device):
+    """Wraps the device for the timing loop: re-poisons the output of the set about to be timed,
+    counts threads around each timed call and synchronises the device when a sample ends.
+
+    ``kbench.timing.measure`` calls ``before_sample()`` then ``time_call(calls[i % n])``; the guard
+    follows the same order to know which set comes next.
+    """
+
+    def __init__(self, inner: Device, outs: list[Any], watch: ThreadWatch) -> None:
+        self.inner, self.outs, self.watch = inner, outs, watch
+        self.name = inner.name
+        self.samples = 0
+
+    def before_sample(self) -> None:
+        self.inner.before_sample()
+        out = self.outs[self.samples % len(self.outs)]
+        repoison(out)
+        self.inner.synchronize()
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        before = thread_counts()
+        t = self.inner.time_call(fn)
+        pending = getattr(self.inner, "pending_work", None)
+        if callable(pending) and pending():
+            raise ThreadLeak("work was still running on the device when the sample ended (extra streams?)")
+        self.watch.after(before)
+        self.inner.synchronize()
+        self.samples += 1
+        return t
+
+    # the rest is the inner device's
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+    def from_host(self, array):
+        return self.inner.from_host(array)
+
+    def to_host(self, array):
+        return self.inner.to_host(array)
+
+    def poisoned(self, shape, dtype):
+        return self.inner.poisoned(shape, dtype)
+
+
+def repoison(out: Any) -> None:
+    """Fill an output buffer with NaN in place (NumPy, CuPy and torch all accept this)."""
+    try:
+        out[...] = float("nan")
+    except Exception:  # noqa: BLE001 - an exotic array type: the first poisoning still holds
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# checks the parent makes on a worker's record, with its own clock
+
+
+def parent_clock_check(record: dict[str, Any], wall: float) -> None:
+    """Compare the worker's account of a job with the parent's clock; fail the record if they disagree.
+
+    A kernel that patches the timers in its worker also patches the worker's view of elapsed time;
+    the parent's clock is out of its reach.
+    """
+    if record.get("status") != "passed":
+        return
+    samples = (record.get("timing") or {}).get("samples") or []
+    worker_seconds = record.get("worker_seconds")
+    problem = None
+    if sum(samples) > wall * 1.05 + 0.01:
+        problem = (f"the worker reports {sum(samples):.3g} s of timed samples in a job the parent timed at "
+                   f"{wall:.3g} s")
+    elif isinstance(worker_seconds, (int, float)) and worker_seconds < 0.5 * wall - 0.25:
+        problem = (f"the worker's clock measured {worker_seconds:.3g} s for a job the parent timed at {wall:.3g} s")
+    if problem:
+        record["status"] = "failed"
+        record["reason"] = f"harness tampering: {problem} (timers patched in the worker?)"
+    record.setdefault("integrity", {})
+    if isinstance(record["integrity"], dict):
+        record["integrity"]["parent_wall"] = wall

@@ -1,0 +1,560 @@
+"""Worker processes: each (backend, case) runs in a spawned process the parent can time out and replace.
+
+The parent sends a job over a private socket (never the worker's stdout, which kernels may print to)
+and gets a record back. A worker that dies (segfault, abort, out of memory, CPU limit) or hangs past
+the case timeout becomes a ``crashed`` or ``timeout`` record carrying the signal and the tail of the
+worker's output; the next job starts a fresh worker. Trusted backends share one long-lived worker;
+every untrusted backend gets its own sandboxed worker: a scratch directory as working directory and
+home, an environment without secrets, and limits on address space, file size and CPU time.
+
+Workers are started with ``subprocess`` (a fresh interpreter: spawn, never fork, so CUDA contexts and
+threads of the parent are never inherited) and rebuild backends by registry name (with the same
+plugins: ``-p`` modules, entry points, ``KBENCH_PLUGINS``), from a kernel file's text, or by pickle.
+"""
+from __future__ import annotations
+
+import faulthandler
+import fnmatch
+import hashlib
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Mapping
+
+from kbench.backends import Backend
+from kbench.enums import Status
+from kbench.errors import BadInput
+from kbench.execute import ExecContext, base_record, execute
+from kbench.integrity import IntegritySettings, literal_globals, parent_clock_check, static_failure
+from kbench.ops import Case
+from kbench.suite import CheckSettings
+from kbench.timing import TimingSettings, estimated_seconds
+
+#: environment variables never handed to a worker (matched case-insensitively)
+SECRET_PATTERNS: tuple[str, ...] = (
+    "*API_KEY*", "*APIKEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY",
+    "*PRIVATE*", "AWS_*", "AZURE_*", "GOOGLE_APPLICATION_CREDENTIALS", "GCLOUD_*", "GH_*", "GITHUB_*",
+    "GITLAB_*", "HF_*", "HUGGING*", "OPENAI_*", "ANTHROPIC_*", "LITELLM_*KEY*", "SSH_AUTH_SOCK", "NETRC",
+    "*_AUTH*", "DOCKER_*", "KUBECONFIG", "PGPASS*", "DATABASE_URL", "*_DSN",
+)
+
+STDERR_TAIL = 4000           # characters of a worker's output kept for a record
+STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
+
+
+def default_case_timeout(timing: TimingSettings) -> float:
+    """Seconds one (backend, case) may take when the suite and the command line say nothing."""
+    return max(120.0, 20 * estimated_seconds(timing))
+
+
+def is_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_PATTERNS)
+
+
+def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
+    """The parent's environment without secrets; the parent's import path; a scratch home when sandboxed."""
+    env = {k: v for k, v in base.items() if not is_secret(k)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
+    if scratch:
+        env.update({"HOME": scratch, "TMPDIR": scratch, "TMP": scratch, "TEMP": scratch})
+    return env
+
+
+def total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# how a worker rebuilds a backend
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    kind: str                      # registry | file | pickle
+    name: str
+    trusted: bool = True
+    path: str | None = None        # file: the kernel file as the user named it
+    text: str | None = None        # file: the exact text the parent read and checked
+    settings: tuple = ()           # file: tunable settings as sorted (name, value) pairs
+    blob: bytes | None = None      # pickle
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha1(repr((self.kind, self.name, self.path, self.text, self.settings, self.blob))
+                              .encode()).hexdigest()[:12]
+        return f"{self.kind}:{self.name}:{digest}"
+
+
+class KernelFileRef(Backend):
+    """A kernel file known to the parent only by its text: never imported here, run in a worker.
+
+    ``NAME``, ``OP`` and ``SUBSTRATE`` are read as literals from the source without running it; the
+    worker loads the very text read here (so the file cannot change between the check and the run).
+    """
+
+    def __init__(self, path: str | Path, registry, *, settings: Mapping[str, Any] | None = None,
+                 name: str | None = None, trusted: bool = False) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise BadInput("kernel file not found", file=str(path), fix="give the path of a .py file")
+        try:
+            self.source_text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read kernel file: {exc}", file=str(path), fix="give a readable UTF-8 file") from None
+        meta = literal_globals(self.source_text, ("NAME", "OP", "SUBSTRATE"))
+        for key, value in meta.items():
+            if not isinstance(value, str):
+                raise BadInput(f"{key} must be a string literal", file=str(path), where=key,
+                               fix=f'write e.g. {key} = "..." (it is read without running the file)')
+        self.op = meta.get("OP", "attention")
+        registry.op(self.op)
+        sub = meta.get("SUBSTRATE", "numpy")
+        if sub not in registry.substrates:
+            raise BadInput(f"unknown SUBSTRATE {sub!r}", file=str(path),
+                           fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
+        self.substrate = registry.substrates[sub]
+        self.device = self.substrate.device
+        self.name = name or meta.get("NAME") or f"file:{path.stem}"
+        self.source_path = str(path)
+        self.settings = dict(settings or {})
+        self.trusted = trusted
+        self.description = f"kernel file {path} (runs in a worker)"
+
+    def available(self) -> str | None:
+        return self.substrate.available()
+
+    def prepare(self, case: Case):
+        raise RuntimeError("a kernel file referenced by text runs only in a worker")
+
+    def info(self) -> dict[str, Any]:
+        return {"kernel_file": self.source_path, "sha256": hashlib.sha256(self.source_text.encode()).hexdigest(),
+                "substrate": self.substrate.name, "tunables": dict(self.settings)}
+
+
+def spec_for(backend: Backend, registry) -> BackendSpec | None:
+    """How a worker can rebuild ``backend``, or None when it cannot."""
+    from kbench.kernelfile import KernelFileBackend
+
+    if isinstance(backend, KernelFileRef):
+        return BackendSpec("file", backend.name, backend.trusted, backend.source_path, backend.source_text,
+                           tuple(sorted(backend.settings.items())))
+    if isinstance(backend, KernelFileBackend):
+        return BackendSpec("file", backend.name, backend.trusted, backend.source_path, backend.source.text,
+                           tuple(sorted(backend.settings.items())))
+    if registry.backends.get(backend.name) is backend:
+        return BackendSpec("registry", backend.name, backend.trusted)
+    try:
+        return BackendSpec("pickle", backend.name, backend.trusted, blob=pickle.dumps(backend))
+    except Exception:  # noqa: BLE001 - closures, locks, device handles: not rebuildable
+        return None
+
+
+def build_backend(spec: BackendSpec, registry, scratch: str) -> Backend:
+    if spec.kind == "registry":
+        if spec.name not in registry.backends:
+            raise BadInput(f"backend {spec.name!r} is not registered in the worker",
+                           fix="load its plugin through an entry point, -p or KBENCH_PLUGINS")
+        return registry.backends[spec.name]
+    if spec.kind == "pickle":
+        return pickle.loads(spec.blob)
+    from kbench.kernelfile import KernelFileBackend
+
+    copy = Path(scratch) / f"kernel_{hashlib.sha1(spec.text.encode()).hexdigest()[:12]}.py"
+    copy.write_text(spec.text, encoding="utf-8")
+    backend = KernelFileBackend(copy, registry, name=spec.name, settings=dict(spec.settings), trusted=spec.trusted)
+    backend.source_path = spec.path
+    return backend
+
+
+# --------------------------------------------------------------------------------------------
+# the worker process
+
+
+@dataclass
+class WorkerSetup:
+    """What a worker needs to rebuild the parent's execution context."""
+
+    plugins: tuple[str, ...]
+    device: str
+    op: str
+    check: CheckSettings
+    timing: TimingSettings
+    hardware: Any
+    integrity: IntegritySettings
+    sandbox: bool
+    memory_limit: int | None = None
+    file_size_limit: int | None = None
+    scratch: str | None = None
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the parent dies, so a killed run leaves no orphans."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the worker exits at EOF on its channel instead
+        pass
+
+
+def _set_limits(setup: WorkerSetup) -> None:
+    import resource
+
+    for which, value in ((resource.RLIMIT_AS, setup.memory_limit), (resource.RLIMIT_FSIZE, setup.file_size_limit)):
+        if value:
+            # hard = soft: candidate code cannot raise them again
+            resource.setrlimit(which, (int(value), int(value)))
+
+
+def _set_cpu_budget(seconds: float | None) -> None:
+    import resource
+
+    if not seconds:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(usage.ru_utime + usage.ru_stime + seconds) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def child_main(fd: int) -> None:
+    conn = Connection(fd)
+    _die_with_parent()
+    faulthandler.enable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    try:
+        _, setup = conn.recv()
+    except (EOFError, OSError):
+        return
+    try:
+        if setup.sandbox:
+            _set_limits(setup)
+        from kbench.integrity import HarnessSnapshot
+        from kbench.plugins import get_plugin_manager
+
+        pm = get_plugin_manager(setup.plugins)
+        reg = pm.registry
+        device = reg.device(setup.device)
+        # plugins are trusted and loaded; candidate code is not loaded yet: capture timers and harness now
+        snapshot = HarnessSnapshot(device) if setup.integrity.check_harness else None
+        ctx = ExecContext(op=reg.op(setup.op), device=device, check=setup.check, timing=setup.timing,
+                          hardware=setup.hardware, integrity=setup.integrity, harness=snapshot)
+    except BaseException as exc:  # noqa: BLE001 - report why this worker cannot work, then stop
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", {"pid": os.getpid()}))
+    scratch = setup.scratch or tempfile.mkdtemp(prefix="kbench-worker-")
+    backends: dict[str, Backend] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] != "run":
+            return
+        _, spec, case, cpu_seconds = msg
+        _set_cpu_budget(cpu_seconds)
+        t0 = time.perf_counter()
+        try:
+            if spec.key not in backends:
+                backends[spec.key] = build_backend(spec, reg, scratch)
+            record = execute(ctx, backends[spec.key], case)
+        except BaseException as exc:  # noqa: BLE001 - a backend that cannot even be built is a record
+            record = base_record(spec.name, case, device.name)
+            record.update(status=Status.ERROR.value, reason=f"{type(exc).__name__}: {exc}")
+        record["worker_seconds"] = time.perf_counter() - t0
+        try:
+            conn.send(("record", record))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send(("record", {**base_record(spec.name, case, device.name), "status": Status.ERROR.value,
+                                  "reason": f"the record could not be sent to the parent: {exc}"}))
+
+
+# --------------------------------------------------------------------------------------------
+# the parent's side
+
+
+class _Tail:
+    """Drains a worker's merged stdout/stderr in a thread, keeping the last few thousand characters."""
+
+    def __init__(self, stream) -> None:
+        self.buf = bytearray()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _drain(self, stream) -> None:
+        fd = stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with self.lock:
+                self.buf += chunk
+                del self.buf[:-STDERR_TAIL * 2]
+
+    def reset(self) -> None:
+        with self.lock:
+            self.buf.clear()
+
+    def text(self) -> str:
+        with self.lock:
+            return bytes(self.buf).decode("utf-8", "replace")[-STDERR_TAIL:]
+
+
+class WorkerFailed(Exception):
+    """A worker could not be started or set up."""
+
+
+def signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+_SIGNAL_HINTS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "abort",
+                 "SIGKILL": "killed; out of memory?", "SIGXCPU": "CPU time limit exceeded",
+                 "SIGXFSZ": "file size limit exceeded", "SIGFPE": "arithmetic fault", "SIGILL": "illegal instruction"}
+
+
+class Worker:
+    """One worker process and its channel; restarted by ``run`` after it died or was killed."""
+
+    def __init__(self, setup: WorkerSetup, label: str) -> None:
+        self.setup, self.label = setup, label
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.tail: _Tail | None = None
+        self.scratch: str | None = None
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.scratch = tempfile.mkdtemp(prefix="kbench-worker-")
+        setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch})
+        parent_sock, child_sock = socket.socketpair()
+        env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kbench.workers", str(child_sock.fileno())],
+                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, cwd=self.scratch if setup.sandbox else None, env=env,
+                start_new_session=True)  # own process group: no terminal Ctrl-C, killed as a group
+        finally:
+            child_sock.close()
+        self.starts += 1
+        self.conn = Connection(parent_sock.detach())
+        self.tail = _Tail(self.proc.stdout)
+        try:
+            self.conn.send(("setup", setup))
+            if not self.conn.poll(STARTUP_TIMEOUT):
+                raise WorkerFailed(f"worker did not start within {STARTUP_TIMEOUT:g} s")
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.kill()
+            raise WorkerFailed(f"worker died while starting ({self._death()}): {exc}\n{self.tail.text()}") from None
+        except WorkerFailed:
+            self.kill()
+            raise
+        if kind != "ready":
+            self.kill()
+            raise WorkerFailed(f"worker could not set up: {payload}")
+
+    def _death(self) -> str:
+        rc = self.proc.wait(timeout=5) if self.proc else None
+        if rc is None:
+            return "unknown"
+        sig = signal_name(rc)
+        if sig:
+            hint = _SIGNAL_HINTS.get(sig)
+            return f"killed by {sig}" + (f" ({hint})" if hint else "")
+        return f"exited with status {rc}"
+
+    def run(self, spec: BackendSpec, case: Case, timeout: float, cpu_seconds: float | None) -> tuple[dict, float]:
+        """The record of one job and the parent's wall time of it (startup excluded)."""
+        if not self.alive:
+            self.close()
+            self.start()
+        self.tail.reset()
+        t0 = time.perf_counter()
+        try:
+            self.conn.send(("run", spec, case, cpu_seconds))
+            if not self.conn.poll(timeout):
+                wall = time.perf_counter() - t0
+                self.kill()
+                return self._failure(spec, case, Status.TIMEOUT,
+                                     f"exceeded the case timeout of {timeout:g} s (a hang or an endless loop); "
+                                     f"the worker was killed and will be restarted"), wall
+            kind, record = self.conn.recv()
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
+            wall = time.perf_counter() - t0
+            how = self._death()
+            self.kill()
+            reason = f"worker {how} while running the case" if how != "unknown" else f"worker channel broke: {exc}"
+            rec = self._failure(spec, case, Status.CRASHED, reason)
+            if self.proc is not None and signal_name(self.proc.returncode or 0):
+                rec["signal"] = signal_name(self.proc.returncode)
+            return rec, wall
+        wall = time.perf_counter() - t0
+        if record.get("status") in (Status.ERROR.value,):
+            text = self.tail.text().strip()
+            if text:
+                record["stderr_tail"] = text
+        return record, wall
+
+    def _failure(self, spec: BackendSpec, case: Case, status: Status, reason: str) -> dict[str, Any]:
+        if self.tail is not None:
+            self.tail.thread.join(timeout=2)
+        rec = base_record(spec.name, case, self.setup.device)
+        rec.update(status=status.value, reason=reason)
+        text = self.tail.text().strip() if self.tail else ""
+        if text:
+            rec["stderr_tail"] = text
+        return rec
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self) -> None:
+        """Ask the worker to exit, kill it if it does not, remove its scratch directory."""
+        if self.conn is not None:
+            try:
+                self.conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.kill()
+            self.conn.close()
+            self.conn = None
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+@dataclass
+class WorkerPool:
+    """The runner's executor: routes each (backend, case) in-process or to a worker.
+
+    ``isolate``: trusted backends run in one shared worker (True) or in this process (False).
+    Untrusted backends always run in their own sandboxed worker.
+    """
+
+    pm: Any
+    ctx: ExecContext
+    isolate: bool = True
+    case_timeout: float | None = None
+    max_workers: int = 8
+    workers: OrderedDict = field(default_factory=OrderedDict)
+
+    @property
+    def timeout(self) -> float:
+        return self.case_timeout or default_case_timeout(self.ctx.timing)
+
+    def plugins(self) -> tuple[str, ...]:
+        return tuple(i.module for i in self.pm.infos if i.source == "-p/KBENCH_PLUGINS")
+
+    def _setup(self, sandbox: bool) -> WorkerSetup:
+        integ = self.ctx.integrity
+        memory = integ.memory_limit
+        if sandbox and memory is None and self.ctx.device.name == "cpu":
+            total = total_memory()
+            memory = total // 2 if total else None  # CUDA reserves huge address ranges: no RLIMIT_AS there
+        return WorkerSetup(plugins=self.plugins(), device=self.ctx.device.name, op=self.ctx.op.name,
+                           check=self.ctx.check, timing=self.ctx.timing, hardware=self.ctx.hardware, integrity=integ,
+                           sandbox=sandbox, memory_limit=memory if sandbox else None,
+                           file_size_limit=integ.file_size_limit if sandbox else None)
+
+    def __call__(self, backend: Backend, case: Case) -> dict[str, Any]:
+        if backend.trusted and not self.isolate:
+            return execute(self.ctx, backend, case)
+        if not backend.trusted:
+            static = static_failure(self.ctx.integrity, backend)
+            if static:  # refused before any of its code runs
+                rec = base_record(backend.name, case, self.ctx.device.name)
+                rec.update(status=Status.FAILED.value, reason=static, integrity={"checks": ["static"]})
+                return rec
+        spec = spec_for(backend, self.pm.registry)
+        if spec is None:
+            if backend.trusted:
+                return execute(self.ctx, backend, case)
+            rec = base_record(backend.name, case, self.ctx.device.name)
+            rec.update(status=Status.ERROR.value,
+                       reason="untrusted backend cannot be rebuilt in a worker (not registered, not a kernel "
+                              "file, not picklable); untrusted code never runs in the parent")
+            return rec
+        key = "trusted" if backend.trusted else f"untrusted:{spec.key}"
+        worker = self.workers.pop(key, None) or Worker(self._setup(not backend.trusted), key)
+        self.workers[key] = worker  # most recently used last
+        while len(self.workers) > self.max_workers:
+            _, old = self.workers.popitem(last=False)
+            old.close()
+        cpu = self.timeout * self.ctx.integrity.cpu_time_factor * (os.cpu_count() or 1) if not backend.trusted else None
+        try:
+            rec, wall = worker.run(spec, case, self.timeout, cpu)
+        except WorkerFailed as exc:
+            rec = base_record(backend.name, case, self.ctx.device.name)
+            rec.update(status=Status.ERROR.value, reason=f"worker failed to start: {exc}")
+            return rec
+        parent_clock_check(rec, wall)
+        rec["worker"] = {"pid": worker.proc.pid if worker.proc else None, "sandbox": not backend.trusted,
+                         "starts": worker.starts}
+        return rec
+
+    def close(self) -> None:
+        while self.workers:
+            _, worker = self.workers.popitem()
+            worker.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    child_main(int(sys.argv[1]))

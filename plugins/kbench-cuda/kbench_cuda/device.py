@@ -1,0 +1,227 @@
+"""The ``cuda`` device: CuPy arrays, CUDA-event timing, L2 flush before each sample, NVML telemetry.
+
+bf16 lives on the GPU as ``uint16`` CuPy arrays holding the bfloat16 bit patterns (CuPy has no
+bfloat16 type): :meth:`CudaDevice.from_host` stores an ``ml_dtypes.bfloat16`` array's bits,
+:meth:`CudaDevice.to_host` views ``uint16`` results as ``ml_dtypes.bfloat16`` again, and
+``kbench_torch.interop.as_torch`` views them as ``torch.bfloat16`` without a copy. No op of kbench
+has genuine uint16 data, so the convention is unambiguous.
+
+Timing of one sample (``before_sample`` then ``time_call``), in stream order:
+
+1. ``before_sample``: the host reads the SM clock and the clock-event reasons through NVML (a sample
+   taken under a throttling reason is flagged in the record's telemetry);
+2. ``time_call``: a buffer of ``max(2 x L2, 256 MiB)`` is overwritten on the GPU, asynchronously,
+   before the start event: it evicts the inputs from L2 (a cold-cache measurement, like nvbench)
+   and keeps the GPU busy while the host enqueues the kernel, so Python launch overhead is hidden
+   rather than timed. It is queued here rather than in ``before_sample`` because the harness may
+   synchronise in between (re-poisoning outputs), which would let the GPU idle before the start;
+3. a start event, the kernel, an end event; the host waits for the end event, notes whether other
+   streams still have work (``pending_work``, which the integrity guard reads), then waits for the
+   whole device so that nothing spills into the next sample.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from kbench.devices import Device
+from kbench.enums import DType
+from kbench_cuda import runtime
+from kbench_cuda.nvml import SampleLog, Telemetry
+
+#: how long an event on an idle GPU may take to complete before the device counts as busy
+BUSY_GRACE_S = 200e-6
+#: the smallest flush buffer, so the flush also covers the host's launch overhead (see module doc)
+MIN_FLUSH_BYTES = 256 * 2**20
+
+
+def _bf16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def memory_span(array: Any) -> tuple[int, int] | None:
+    """[first, last) byte addresses an array with ``__cuda_array_interface__`` may touch."""
+    try:
+        cai = array.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 - not a device array (or bf16 torch tensors, which refuse)
+        return None
+    ptr = int(cai["data"][0])
+    shape = cai["shape"]
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous
+        strides, acc = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    if any(n == 0 for n in shape):
+        return ptr, ptr
+    lo = ptr + sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
+    hi = ptr + sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + itemsize
+    return lo, hi
+
+
+class CudaDevice(Device):
+    name = "cuda"
+    description = "CuPy arrays on one CUDA GPU; CUDA events; L2 flushed before each sample; NVML telemetry"
+
+    def __init__(self, index: int | None = None) -> None:
+        self._index = index
+        self._flush = None
+        self._flush_count = 0
+        self._events = None
+        self._telemetry: Telemetry | None = None
+        self._log = SampleLog()
+        self._pending = False
+
+    # -- identity and availability -------------------------------------------------------------
+
+    @property
+    def index(self) -> int:
+        return runtime.device_index() if self._index is None else self._index
+
+    def available(self) -> str | None:
+        return runtime.unavailable_reason(self.index)
+
+    def _cp(self):
+        cp = runtime.cupy()
+        cp.cuda.Device(self.index).use()
+        return cp
+
+    def properties(self) -> dict[str, Any]:
+        return runtime.properties(self.index)
+
+    def telemetry_source(self) -> Telemetry:
+        if self._telemetry is None:
+            self._telemetry = Telemetry(self.properties().get("pci_bus_id"), self.index)
+        return self._telemetry
+
+    # -- arrays ----------------------------------------------------------------------------------
+
+    def from_host(self, array: np.ndarray) -> Any:
+        cp = self._cp()
+        array = np.asarray(array)
+        if array.dtype == _bf16():
+            array = array.view(np.uint16)
+        return cp.array(array, copy=True)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        if isinstance(array, np.ndarray):
+            return array
+        cp = self._cp()
+        host = cp.asnumpy(cp.asarray(array))
+        if host.dtype == np.uint16:  # the bf16 storage convention (module doc)
+            host = host.view(_bf16())
+        return host
+
+    def poisoned(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        cp = self._cp()
+        dtype = DType(dtype)
+        if dtype is DType.BF16:
+            return cp.full(shape, runtime.BF16_NAN_BITS, dtype=cp.uint16)
+        return cp.full(shape, cp.nan, dtype=dtype.numpy)
+
+    def is_same_memory(self, a: Any, b: Any) -> bool:
+        sa, sb = memory_span(a), memory_span(b)
+        if sa is None or sb is None:
+            return False
+        return sa[0] < sb[1] and sb[0] < sa[1]
+
+    # -- timing ----------------------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        self._cp().cuda.Device(self.index).synchronize()
+
+    def flush_bytes(self) -> int:
+        l2 = int(self.properties().get("l2CacheSize") or 0)
+        return max(2 * l2, MIN_FLUSH_BYTES)
+
+    def before_sample(self) -> None:
+        # host-only work (NVML reads) belongs here; the flush is queued by time_call itself
+        source = self.telemetry_source()
+        if self._log.before is None:
+            self._log.before = source.read()
+        self._log.add(source.quick())
+
+    def _flush_l2(self, cp) -> None:
+        """Overwrite a buffer larger than L2, asynchronously (see the module doc for why here)."""
+        if self._flush is None:
+            self._flush = cp.empty(self.flush_bytes(), dtype=cp.uint8)
+        self._flush_count += 1
+        self._flush.fill(self._flush_count & 0x7F)
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        cp = self._cp()
+        if self._events is None:
+            self._events = (cp.cuda.Event(), cp.cuda.Event())
+        start, end = self._events
+        self._flush_l2(cp)  # queued before the start event: outside the timed region
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        self._pending = self._device_busy(cp)
+        cp.cuda.Device(self.index).synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3
+
+    def _device_busy(self, cp) -> bool:
+        """Whether work queued on other (blocking) streams is still running after the end event.
+
+        An event recorded on the legacy default stream completes only when every blocking stream has
+        drained; an idle GPU completes it within microseconds, so it gets 200 us before the answer.
+        """
+        probe = cp.cuda.Event(disable_timing=True)
+        probe.record(cp.cuda.Stream.null)
+        deadline = time.perf_counter() + BUSY_GRACE_S
+        while not probe.done and time.perf_counter() < deadline:
+            pass
+        return not probe.done
+
+    def pending_work(self) -> bool:
+        """Whether the last timed call left work running on the device (the integrity guard asks)."""
+        return self._pending
+
+    def telemetry(self) -> dict[str, Any]:
+        """NVML readings after the case, the one before its first sample, and per-sample flags."""
+        if self.available():
+            return {}
+        source = self.telemetry_source()
+        after = source.read()
+        before = self._log.before
+        out = {"after": after, **self._log.summary()}
+        if before is not None:
+            out["before"] = before
+        if out.get("throttled_samples"):
+            out["throttled"] = True
+        return out
+
+    # -- description -----------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"device": self.name, "index": self.index}
+        reason = self.available()
+        if reason:
+            info["unavailable"] = reason
+            return info
+        p = self.properties()
+        info.update({
+            "gpu": p["name"],
+            "compute_capability": f"{p.get('major')}.{p.get('minor')}",
+            "sm_count": p.get("multiProcessorCount"),
+            "memory_bytes": p.get("totalGlobalMem"),
+            "l2_bytes": p.get("l2CacheSize"),
+            "pci_bus_id": p.get("pci_bus_id"),
+            "flush_bytes": self.flush_bytes(),
+            **runtime.versions(),
+            **self.telemetry_source().describe(),
+        })
+        return info
+
+    def machine_id(self) -> str:
+        if self.available():
+            return "cuda-unavailable"
+        return runtime.slug(self.properties()["name"])

@@ -1,0 +1,164 @@
+"""kbench-cuda on any machine: light import, honest unavailability, NVML decoding; GPU checks marked."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kbench.enums import DType
+from kbench_cuda import nvml, runtime
+from kbench_cuda.device import CudaDevice, memory_span
+
+GPU_REASON = runtime.unavailable_reason()
+gpu_only = pytest.mark.skipif(GPU_REASON is not None, reason=f"no usable CUDA GPU: {GPU_REASON}")
+no_gpu = pytest.mark.skipif(GPU_REASON is None, reason="a CUDA GPU is usable here")
+
+
+def test_plugin_import_does_not_import_cupy_or_nvml():
+    code = ("import sys, kbench_cuda.plugin; "
+            "print(sorted(m for m in ('cupy', 'pynvml', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_plugin_registers_device_backend_substrate(kbench_pm):
+    reg = kbench_pm.registry
+    assert isinstance(reg.devices["cuda"], CudaDevice)
+    assert reg.backends["cupy"].device == "cuda"
+    assert reg.substrates["cupy"].device == "cuda"
+    assert reg.owner("backend", "cupy") == "cuda"
+
+
+@no_gpu
+def test_unavailable_says_why_in_the_runtimes_words(kbench_pm):
+    reason = CudaDevice().available()
+    assert reason and (reason.startswith("CUDA runtime: ") or reason.startswith("cupy is not importable"))
+    reg = kbench_pm.registry
+    # the device, its backend and its substrate give the same reason, and nothing raised
+    assert reg.backends["cupy"].available() == reason
+    assert reg.substrates["cupy"].available() == reason
+    assert kbench_pm.detect_hardware(reg.devices["cuda"]) is None
+    assert CudaDevice().machine_id() == "cuda-unavailable"
+    assert CudaDevice().describe()["unavailable"] == reason
+
+
+def test_device_index_from_environment(monkeypatch):
+    monkeypatch.setenv(runtime.DEVICE_ENV, "3")
+    assert runtime.device_index() == 3 and CudaDevice().index == 3
+    assert CudaDevice(index=1).index == 1
+    monkeypatch.setenv(runtime.DEVICE_ENV, "x")
+    assert runtime.device_index() == 0
+
+
+def test_slug():
+    assert runtime.slug("NVIDIA H200") == "nvidia-h200"
+    assert runtime.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_out_of_memory_becomes_memory_error():
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def kernel(**arrays):
+        raise OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes")
+
+    with pytest.raises(MemoryError, match="Out of memory"):
+        runtime.oom_as_memory_error(kernel)(q=1)
+
+    def other(**arrays):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError):
+        runtime.oom_as_memory_error(other)(q=1)
+
+
+class _DeviceArray:
+    """An object speaking the CUDA array interface, like a CuPy array or a torch CUDA tensor."""
+
+    def __init__(self, ptr, shape, typestr, strides=None):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
+                                         "strides": strides, "version": 3}
+
+
+def test_memory_spans_and_aliasing():
+    base = _DeviceArray(1000, (4, 8), "<f4")
+    assert memory_span(base) == (1000, 1000 + 4 * 8 * 4)
+    tail = _DeviceArray(1000 + 64, (2, 8), "<f4")             # rows 2..3 of base
+    after = _DeviceArray(1000 + 128, (4, 8), "<f4")           # starts where base ends
+    column = _DeviceArray(1000 + 4, (4,), "<f4", strides=(32,))  # one column of base
+    dev = CudaDevice()
+    assert dev.is_same_memory(base, tail) and dev.is_same_memory(column, base)
+    assert not dev.is_same_memory(base, after)
+    assert not dev.is_same_memory(base, np.zeros(3))          # host arrays have no device span
+
+
+def test_reason_bits_decode():
+    assert nvml.decode_reasons(0) == []
+    assert nvml.decode_reasons(0x1 | 0x4) == ["gpu_idle", "sw_power_cap"]
+    assert nvml.decode_reasons(0x40 | 0x10000) == ["hw_thermal_slowdown", "0x10000"]
+    assert not nvml.THROTTLE_MASK & 0x1        # idle is not throttling
+    assert nvml.THROTTLE_MASK & 0x40 and nvml.THROTTLE_MASK & 0x4
+
+
+def test_sample_log_flags_throttled_samples():
+    log = nvml.SampleLog()
+    for reading in [(1980, 0x0), (1980, 0x1), (1755, 0x4), None, (1600, 0x40 | 0x4)]:
+        log.add(reading)
+    summary = log.summary()
+    assert summary["throttled_samples"] == [2, 4]
+    assert summary["sm_clock_mhz_min"] == 1600 and summary["sm_clock_mhz_max"] == 1980
+    assert summary["samples_read"] == 4
+    assert set(summary["clock_event_reasons_seen"]) == {"gpu_idle", "sw_power_cap", "hw_thermal_slowdown"}
+    assert log.summary() == {"samples_read": 0}  # a summary starts the next case
+
+
+def test_telemetry_without_nvml_is_a_reason_not_an_error():
+    tel = nvml.Telemetry(None, 0)
+    if tel.available:
+        pytest.skip("NVML is present on this machine")
+    assert tel.read()["nvml"].startswith("unavailable: NVMLError")
+    assert tel.quick() is None
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", list(DType))
+def test_round_trip_and_poison(dtype):
+    dev = CudaDevice()
+    host = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(dtype.numpy)
+    back = dev.to_host(dev.from_host(host))
+    assert back.dtype == dtype.numpy and np.array_equal(back.view(np.uint8), host.view(np.uint8))
+    poison = dev.to_host(dev.poisoned((5,), dtype))
+    assert poison.dtype == dtype.numpy and np.isnan(poison.astype(np.float32)).all()
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("params", [
+    dict(seqlen=64, heads=4, head_dim=64, dtype="fp32"),
+    dict(seqlen_q=37, seqlen_kv=101, heads_q=4, heads_kv=2, head_dim=64, causal=True, dtype="bf16"),
+    dict(seqlen_q=101, seqlen_kv=37, heads_q=4, heads_kv=1, head_dim=128, causal=True, dtype="fp16"),
+])
+def test_cupy_backend_passes(kbench_pm, kbench_case, kbench_check, params):
+    rec = kbench_check(kbench_pm.registry.backends["cupy"], kbench_case(**params))
+    assert rec["status"] == "passed", rec.get("reason")
+    tel = rec["telemetry"]
+    assert "after" in tel and tel["samples_read"] >= 0
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_detection_and_timer(kbench_pm):
+    dev = kbench_pm.registry.devices["cuda"]
+    profile = kbench_pm.detect_hardware(dev)
+    assert profile is not None and profile.kind == "gpu"
+    assert dev.flush_bytes() >= 2 * int(dev.properties()["l2CacheSize"])
+    cp = runtime.cupy()
+    x = cp.ones(1 << 24, dtype=cp.float32)
+    seconds = dev.time_call(lambda: x.sum())
+    assert 0 < seconds < 1 and not dev.pending_work()

@@ -1,0 +1,318 @@
+"""``kbench evolve``: create a lineage, run variation operators on it, inspect and transfer it."""
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from kbench.errors import BadInput
+
+WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         help="Directory of lineages (default: $KBENCH_EVOLVE_DIR or ./evolve).")
+DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
+
+
+def _lineage(workspace, name):
+    from kbench_evolve.store import Lineage, workspace_root
+
+    return Lineage.open(workspace_root(workspace), name)
+
+
+@click.group("evolve")
+def evolve_group():
+    """Evolutionary search over a kernel lineage (AVO): the harness's measurement is the fitness."""
+
+
+@evolve_group.command("init")
+@click.argument("name")
+@click.option("--seed", "seed", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Kernel file the lineage starts from (e.g. the shipped NumPy seed, see `kbench evolve seeds`).")
+@click.option("--suite", "suite", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Suite whose cases define the fitness (e.g. suites/evolve-cpu.yaml).")
+@WORKSPACE
+@DEVICE
+@click.pass_obj
+def init_command(pm, name, seed, suite, workspace, device):
+    """Create lineage NAME from a seed kernel; the seed, measured on SUITE, becomes v1."""
+    from kbench_evolve.fitness import Evaluator
+    from kbench_evolve.store import Lineage, workspace_root
+
+    ws = workspace_root(workspace)
+    lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
+    try:
+        source = seed.read_text(encoding="utf-8")
+        m = Evaluator(pm, suite, lineage.scratch("runs"), device=device).measure(seed, label="seed")
+        if not m.correct:
+            raise BadInput("the seed kernel is not correct on every case of the suite: "
+                           + "; ".join(f"{c}: {w}" for c, w in m.failures.items()), file=str(seed),
+                           fix="fix the seed (kbench run SUITE -b SEED shows the details)")
+        v = lineage.commit(source, {"operator": "seed", "parent": None, "rationale": f"seed {seed}",
+                                    "suite": str(suite), "scores": m.zeroed(), "geomean": m.geomean,
+                                    "profile": m.profile, "result_files": [m.result_file]})
+    except BaseException:
+        shutil.rmtree(lineage.root, ignore_errors=True)
+        raise
+    lineage.log_attempt({"operator": "seed", "outcome": "committed", "version": v.label, "geomean": m.geomean})
+    click.echo(f"lineage {name} in {lineage.root}: v1 = {seed} ({m.geomean:.4g} TFLOP/s geomean over "
+               f"{len(m.scores)} cases); backend evolved:{name}")
+
+
+def _budget_options(f):
+    opts = [
+        click.option("--iterations", type=int, help="Variations to run (each ends at a commit or --max-steps)."),
+        click.option("--max-steps", type=int, help="Steps per variation (model calls; candidates for mutate)."),
+        click.option("--max-tokens", type=int, help="Total LLM tokens for the run."),
+        click.option("--max-cost", type=float, help="Total LLM cost for the run in USD (litellm cost tracking)."),
+        click.option("--max-time", type=float, help="Wall-clock seconds for the run (summed over resumes)."),
+        click.option("--max-bench-calls", type=int, help="kbench runs (checks, benchmarks, duels) for the run."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _budget_overrides(**kw):
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+@evolve_group.command("run")
+@click.argument("name")
+@click.option("--operator", "-o", "operator", default="mutate", show_default=True,
+              help="Variation operator (`kbench evolve operators` lists them).")
+@_budget_options
+@click.option("--model", help="litellm model id for llm/agent (default $KBENCH_EVOLVE_MODEL).")
+@click.option("--api-base", help="API base URL for the model (default $KBENCH_EVOLVE_API_BASE).")
+@click.option("--knowledge", "knowledge", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Extra knowledge folder (repeatable; also $KBENCH_EVOLVE_KNOWLEDGE).")
+@click.option("--rounds", type=int, default=2, show_default=True,
+              help="Interleaved champion/candidate rounds before a commit decision.")
+@click.option("--min-gain", type=float, default=0.0, show_default=True,
+              help="Required lower bound of the speedup's 95% CI above 1 (0.02 = 2%).")
+@click.option("--llm-timeout", type=float, default=120.0, show_default=True, help="Seconds per model call.")
+@click.option("--llm-retries", type=int, default=4, show_default=True, help="Retries of a failed model call.")
+@click.option("--script", type=click.Path(dir_okay=False, exists=True), hidden=True,
+              help="Replay model responses from a JSON script (tests and demos; model 'kbench-replay/script').")
+@click.option("--restart", is_flag=True, help="Discard an unfinished run's state and start a new run.")
+@WORKSPACE
+@DEVICE
+@click.pass_obj
+def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls,
+                model, api_base, knowledge, rounds, min_gain, llm_timeout, llm_retries, script, restart,
+                workspace, device):
+    """Run variation operator OP on lineage NAME until its budgets are spent."""
+    from kbench_evolve.engine import Budget, make_state
+    from kbench_evolve.operators import operator_registry
+
+    lineage = _lineage(workspace, name)
+    old = lineage.load_state()
+    if old and old.get("status") in ("running", "paused") and not restart:
+        raise BadInput(f"lineage {name!r} has an unfinished {old['operator']} run ({old['status']})",
+                       fix=f"continue it with `kbench evolve resume {name}`, or start over with --restart")
+    cls = operator_registry(pm).get(operator)
+    budget = Budget(**_budget_overrides(iterations=iterations, max_steps=max_steps, max_tokens=max_tokens,
+                                        max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls))
+    options = {"rounds": rounds, "min_gain": min_gain, "knowledge": list(knowledge), "device": device}
+    if cls.uses_llm:
+        model = model or os.environ.get("KBENCH_EVOLVE_MODEL")
+        if script:
+            model = model or "kbench-replay/script"
+            options["script"] = str(Path(script).resolve())
+        if not model:
+            raise BadInput(f"operator {operator!r} needs a model", where="--model",
+                           fix="pass --model (a litellm model id, e.g. anthropic/claude-sonnet-4-5 or openai/gpt-4.1) "
+                               "or set KBENCH_EVOLVE_MODEL, plus the provider's key (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...)")
+        options.update({"model": model, "api_base": api_base or os.environ.get("KBENCH_EVOLVE_API_BASE"),
+                        "timeout": llm_timeout, "retries": llm_retries})
+    _run(pm, lineage, make_state(operator, budget, options))
+
+
+def _run(pm, lineage, state):
+    from kbench_evolve.engine import run_evolution
+    from kbench_evolve.knowledge import KnowledgeBase
+
+    options = state.get("options", {})
+    if options.get("script"):
+        from kbench_evolve.replay import install_script
+
+        install_script(options["script"], lineage.root / "replay-position.json")
+    kb = KnowledgeBase(options.get("knowledge", ()))
+    status = run_evolution(pm, lineage, state, device=options.get("device", "auto"), knowledge=kb, echo=click.echo)
+    champ = lineage.champion()
+    s = state["spent"]
+    click.echo(f"{status}: {s['iterations']} variations, {s['commits']} commits, {s['bench_calls']} benchmark "
+               f"runs, {s['tokens']} tokens, ${s['cost']:.4f}, {s['time']:.0f} s; champion {champ.label} "
+               f"{champ.geomean:.4g} TFLOP/s (backend evolved:{lineage.name})")
+    if status == "paused":
+        sys.exit(3)
+
+
+@evolve_group.command("resume")
+@click.argument("name")
+@_budget_options
+@WORKSPACE
+@click.pass_obj
+def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls, workspace):
+    """Continue NAME's last run where it stopped (killed, paused by an outage, or out of budget).
+
+    Budget options given here replace the run's (e.g. a larger --iterations to go on after it finished).
+    """
+    lineage = _lineage(workspace, name)
+    state = lineage.load_state()
+    if not state:
+        raise BadInput(f"lineage {name!r} has no run to resume", fix=f"start one with `kbench evolve run {name}`")
+    overrides = _budget_overrides(iterations=iterations, max_steps=max_steps, max_tokens=max_tokens,
+                                  max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls)
+    state["budget"] = {**state["budget"], **overrides}
+    if state.get("status") in ("finished", "budget", "stalled") and not overrides:
+        click.echo(f"the last {state['operator']} run of {name} ended ({state['status']}); give a larger budget "
+                   f"(e.g. --iterations) to continue it")
+        return
+    click.echo(f"resuming the {state['operator']} run of {name} (status {state.get('status')}, "
+               f"{state['spent']['iterations']} variations done)")
+    _run(pm, lineage, state)
+
+
+@evolve_group.command("log")
+@click.argument("name")
+@click.option("--attempts", is_flag=True, help="Also list failed attempts.")
+@WORKSPACE
+def log_command(name, attempts, workspace):
+    """The lineage like `git log`: newest first, with scores, operator and rationale."""
+    lineage = _lineage(workspace, name)
+    versions = lineage.versions()
+    for v in reversed(versions):
+        m = v.meta
+        parent = f"v{m['parent']}" if m.get("parent") else "-"
+        click.secho(f"version {v.label}  {v.geomean:.4g} TFLOP/s geomean", fg="yellow")
+        click.echo(f"Parent:   {parent}\nOperator: {m.get('operator')}\nDate:     {m.get('committed')}\n"
+                   f"Suite:    {m.get('suite')}")
+        if m.get("decision"):
+            d = m["decision"]
+            click.echo(f"Decision: {d['speedup']:.3f}x vs re-measured parent, 95% CI [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]")
+        click.echo("")
+        for line in (m.get("rationale") or "").splitlines() or [""]:
+            click.echo(f"    {line}")
+        click.echo("    " + "  ".join(f"{_short(c)}={s:.4g}" for c, s in sorted((m.get("scores") or {}).items())))
+        click.echo("")
+    tried = lineage.attempts()
+    rejected = [a for a in tried if a.get("outcome") == "rejected"]
+    click.echo(f"{len(versions)} versions, {len(rejected)} rejected attempts (see --attempts)")
+    if attempts:
+        for a in rejected:
+            click.echo(f"  {a.get('time')} {a.get('operator'):7s} {a.get('sha', '')[:8]}  {a.get('reason', '')[:140]}")
+
+
+def _short(case_id: str) -> str:
+    return case_id.replace("attention[", "[")
+
+
+@evolve_group.command("show")
+@click.argument("name")
+@click.argument("version", required=False)
+@click.option("--source/--no-source", default=True, help="Print the kernel source.")
+@WORKSPACE
+def show_command(name, version, source, workspace):
+    """One version (default: the champion): scores per case, decision, rationale, source."""
+    from tabulate import tabulate
+
+    v = _lineage(workspace, name).version(version)
+    m = v.meta
+    click.echo(f"{name} {v.label}: {v.geomean:.4g} TFLOP/s geomean; operator {m.get('operator')}; parent "
+               f"{'v' + str(m['parent']) if m.get('parent') else '-'}; committed {m.get('committed')}\n"
+               f"suite {m.get('suite')}; file {v.kernel_path}\nrationale: {m.get('rationale')}\n")
+    rows = [[_short(c), f"{s:.4g}", (m.get("profile") or {}).get(c, {}).get("median_s")]
+            for c, s in sorted((m.get("scores") or {}).items())]
+    click.echo(tabulate(rows, headers=["case", "TFLOP/s", "median s"]))
+    if source:
+        click.echo("\n" + v.source)
+
+
+@evolve_group.command("diff")
+@click.argument("name")
+@click.argument("version", required=False)
+@click.argument("other", required=False)
+@WORKSPACE
+def diff_command(name, version, other, workspace):
+    """Unified diff: VERSION against its parent, or VERSION against OTHER."""
+    lineage = _lineage(workspace, name)
+    new = lineage.version(version)
+    if other:
+        old, new = new, lineage.version(other)
+    else:
+        parent = new.meta.get("parent")
+        if not parent:
+            click.echo(f"{new.label} has no parent")
+            return
+        old = lineage.version(parent)
+    click.echo("".join(difflib.unified_diff(old.source.splitlines(keepends=True), new.source.splitlines(keepends=True),
+                                            f"{name}@{old.label}", f"{name}@{new.label}")))
+
+
+@evolve_group.command("transfer")
+@click.argument("name")
+@click.option("--suite", "suite", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The new suite (e.g. GQA shapes after an MHA lineage).")
+@WORKSPACE
+@DEVICE
+@click.pass_obj
+def transfer_command(pm, name, suite, workspace, device):
+    """Continue lineage NAME on another SUITE: its champion, re-measured there, becomes the new head.
+
+    Later `kbench evolve run NAME` optimises for the new suite (AVO's MHA -> GQA adaptation).
+    """
+    from kbench_evolve.fitness import Evaluator
+
+    lineage = _lineage(workspace, name)
+    champ = lineage.champion()
+    m = Evaluator(pm, suite, lineage.scratch("runs"), device=device).measure(champ.kernel_path, label="transfer")
+    if not m.correct:
+        lineage.log_attempt({"operator": "transfer", "outcome": "rejected", "suite": str(suite),
+                             "reason": "incorrect on the new suite: " + "; ".join(m.failures.values())})
+        raise BadInput(f"the champion {champ.label} is not correct on every case of {suite}: "
+                       + "; ".join(f"{c}: {w}" for c, w in list(m.failures.items())[:3]),
+                       fix="fix the kernel (or evolve it with an LLM operator on the new suite)")
+    v = lineage.commit(champ.source, {"operator": "transfer", "parent": champ.number, "suite": str(suite),
+                                      "rationale": f"transfer from {champ.meta.get('suite')} to {suite}",
+                                      "scores": m.zeroed(), "geomean": m.geomean, "profile": m.profile,
+                                      "result_files": [m.result_file]})
+    lineage.log_attempt({"operator": "transfer", "outcome": "committed", "version": v.label, "geomean": m.geomean})
+    click.echo(f"{name}: {v.label} continues on {suite} ({m.geomean:.4g} TFLOP/s geomean over {len(m.scores)} cases)")
+
+
+@evolve_group.command("list")
+@WORKSPACE
+def list_command(workspace):
+    """Lineages in the workspace with their champion."""
+    from kbench_evolve.store import list_lineages, workspace_root
+
+    for lin in list_lineages(workspace_root(workspace)):
+        vs = lin.versions()
+        state = lin.load_state() or {}
+        champ = f"{vs[-1].label} {vs[-1].geomean:.4g} TFLOP/s" if vs else "no versions"
+        click.echo(f"{lin.name:20s} {champ:28s} suite {lin.current_suite()}  last run: {state.get('status', '-')}")
+
+
+@evolve_group.command("operators")
+@click.pass_obj
+def operators_command(pm):
+    """Variation operators registered by plugins."""
+    from kbench_evolve.operators import operator_registry
+
+    reg = operator_registry(pm)
+    for name, cls in sorted(reg.operators.items()):
+        click.echo(f"{name:8s} {cls.description}  [plugin {reg.owners[name]}]")
+
+
+@evolve_group.command("seeds")
+def seeds_command():
+    """Paths of the seed kernels shipped with the plugin."""
+    from importlib import resources
+
+    for entry in sorted(resources.files("kbench_evolve").joinpath("seeds").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py"):
+            click.echo(str(entry))
+    click.echo("(GPU: the Triton seed ships with kbench-triton: kbench_triton/seeds/triton_attention_seed.py)")

@@ -1,0 +1,6 @@
+from kbench_evolve.operators import Operator
+
+
+class LLMRewriteOperator(Operator):
+    name = "llm"
+    uses_llm = True

@@ -1,0 +1,265 @@
+"""The lineage store: one directory per lineage, every write atomic, so a kill never loses a commit.
+
+Layout of ``<workspace>/<name>/``::
+
+    lineage.json            name, created, seed path, first suite (written once, at init)
+    versions/v0001/         one directory per committed version, created by an atomic rename
+        kernel.py           the full source
+        version.json        scores per case, geomean, parent, operator, rationale, suite, timestamps
+    attempts.jsonl          append-only: every candidate tried and why it was (not) committed
+    state.json              the operator run in progress (budgets spent, conversation), for ``resume``
+    memory.md               the agent's persistent notes
+    candidates/             scratch files of candidates being measured
+    runs/                   the kbench result files behind every score (evidence)
+    trajectories/           one JSONL per agent variation: every message and tool call
+
+The champion is always the newest version: a version is only committed when it beats the previous
+newest one (or, for ``transfer``, when the lineage moves to a new suite), so there is no pointer to
+update and nothing to get out of step.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from kbench.errors import BadInput
+from kbench.results import atomic_write_json
+
+VERSION_DIR = re.compile(r"^v(\d{4,})$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def workspace_root(explicit: str | Path | None = None) -> Path:
+    """``--workspace``, else ``KBENCH_EVOLVE_DIR``, else ``./evolve``."""
+    return Path(explicit or os.environ.get("KBENCH_EVOLVE_DIR") or "evolve")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
+    """Append one line and fsync; a kill mid-write leaves at most one torn last line, skipped on read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(entry, default=str, allow_nan=False) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn line from a kill mid-append
+    return out
+
+
+@dataclass(frozen=True)
+class Version:
+    number: int
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"v{self.number}"
+
+    @property
+    def kernel_path(self) -> Path:
+        return self.path / "kernel.py"
+
+    @property
+    def source(self) -> str:
+        return self.kernel_path.read_text(encoding="utf-8")
+
+    @property
+    def geomean(self) -> float:
+        return float(self.meta.get("geomean") or 0.0)
+
+    @property
+    def scores(self) -> dict[str, float]:
+        return dict(self.meta.get("scores") or {})
+
+
+class Lineage:
+    """One lineage on disk. Cheap to open; every read goes to the files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.name = self.root.name
+
+    # -- creation ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, workspace: Path, name: str, *, seed: Path, suite_path: str) -> Lineage:
+        if not NAME_RE.match(name):
+            raise BadInput(f"bad lineage name {name!r}", where="NAME",
+                           fix="use letters, digits, '_', '-', '.' (it becomes the backend evolved:NAME)")
+        root = Path(workspace) / name
+        if (root / "lineage.json").exists():
+            raise BadInput(f"lineage {name!r} already exists", file=str(root),
+                           fix=f"pick another name, continue it with `kbench evolve run {name}`, or delete {root}")
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(root / "lineage.json", {"format": "kbench-evolve-lineage", "version": 1, "name": name,
+                                                 "created": now_iso(), "seed": str(seed), "suite": suite_path})
+        return cls(root)
+
+    @classmethod
+    def open(cls, workspace: Path, name: str) -> Lineage:
+        root = Path(workspace) / name
+        if not (root / "lineage.json").is_file():
+            known = ", ".join(sorted(p.name for p in list_lineages(workspace))) or "none"
+            raise BadInput(f"no lineage {name!r} in {workspace}", where="NAME",
+                           fix=f"create it with `kbench evolve init {name} --seed FILE --suite SUITE` "
+                               f"(lineages here: {known}; set KBENCH_EVOLVE_DIR or --workspace for another place)")
+        lin = cls(root)
+        lin.clean_scratch()
+        return lin
+
+    def clean_scratch(self) -> None:
+        """Remove half-made version directories left by a kill before their rename."""
+        vdir = self.root / "versions"
+        if vdir.is_dir():
+            for p in vdir.iterdir():
+                if p.name.startswith(".tmp-"):
+                    shutil.rmtree(p, ignore_errors=True)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.root / "lineage.json").read_text(encoding="utf-8"))
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def versions(self) -> list[Version]:
+        vdir = self.root / "versions"
+        out = []
+        if vdir.is_dir():
+            for p in vdir.iterdir():
+                m = VERSION_DIR.match(p.name)
+                if m and (p / "version.json").is_file():
+                    out.append(Version(int(m.group(1)), p, json.loads((p / "version.json").read_text("utf-8"))))
+        return sorted(out, key=lambda v: v.number)
+
+    def version(self, ref: str | int | None = None) -> Version:
+        """``None``/"best"/"latest" is the champion; ``3``, ``"v3"``, ``"@v3"`` a given one."""
+        versions = self.versions()
+        if not versions:
+            raise BadInput(f"lineage {self.name!r} has no versions yet", fix="run `kbench evolve init` again")
+        if ref in (None, "", "best", "latest", "champion"):
+            return versions[-1]
+        text = str(ref).lstrip("@").lstrip("v")
+        if not text.isdigit():
+            raise BadInput(f"bad version {ref!r}", where="VERSION", fix="write it as v3 or 3")
+        for v in versions:
+            if v.number == int(text):
+                return v
+        raise BadInput(f"lineage {self.name!r} has no version {ref}",
+                       fix=f"versions: {', '.join(v.label for v in versions)}")
+
+    def champion(self) -> Version:
+        return self.version(None)
+
+    def current_suite(self) -> str:
+        versions = self.versions()
+        return versions[-1].meta["suite"] if versions else self.meta["suite"]
+
+    def commit(self, source: str, meta: dict[str, Any]) -> Version:
+        """Write a new version: a temporary directory renamed into place (atomic on one filesystem)."""
+        vdir = self.root / "versions"
+        vdir.mkdir(parents=True, exist_ok=True)
+        number = (self.versions()[-1].number + 1) if self.versions() else 1
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=vdir))
+        meta = {**meta, "number": number, "committed": now_iso()}
+        atomic_write_text(tmp / "kernel.py", source)
+        atomic_write_json(tmp / "version.json", meta)
+        final = vdir / f"v{number:04d}"
+        os.rename(tmp, final)  # fails if a concurrent commit took the number: never overwrites
+        _fsync_dir(vdir)
+        return Version(number, final, meta)
+
+    # -- attempts, state, memory ------------------------------------------------------------
+
+    @property
+    def attempts_path(self) -> Path:
+        return self.root / "attempts.jsonl"
+
+    def log_attempt(self, entry: dict[str, Any]) -> None:
+        append_jsonl(self.attempts_path, {"time": now_iso(), **entry})
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.attempts_path)
+
+    def load_state(self) -> dict[str, Any] | None:
+        path = self.root / "state.json"
+        return json.loads(path.read_text("utf-8")) if path.is_file() else None
+
+    def save_state(self, state: dict[str, Any] | None) -> None:
+        path = self.root / "state.json"
+        if state is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_json(path, {**state, "saved": now_iso()})
+
+    @property
+    def memory_path(self) -> Path:
+        return self.root / "memory.md"
+
+    def read_memory(self) -> str:
+        return self.memory_path.read_text("utf-8") if self.memory_path.is_file() else ""
+
+    def write_memory(self, text: str) -> None:
+        atomic_write_text(self.memory_path, text)
+
+    def scratch(self, sub: str) -> Path:
+        p = self.root / sub
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def list_lineages(workspace: Path) -> Iterator[Lineage]:
+    ws = Path(workspace)
+    if not ws.is_dir():
+        return
+    for p in sorted(ws.iterdir()):
+        if (p / "lineage.json").is_file():
+            yield Lineage(p)

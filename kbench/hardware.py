@@ -1,8 +1,25 @@
-"""Hardware profiles (peak rates, bandwidth, capacity) and where a measurement sits on the roofline."""
+"""Hardware profiles (peak rates, bandwidth, capacity) and where a measurement sits on the roofline.
+
+A profile carries up to two sets of roofs: the datasheet's (``peak_flops``, ``bandwidth``) and the
+ones ``kbench calibrate`` measured on this machine (``measured_flops``, ``measured_bandwidth``).
+:func:`roofline_point` reports the fraction of each, so a record says both how far a kernel is from
+the vendor's peak and how far from what this machine actually reaches.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from kbench.registry import Registry
+
+#: dtype names a profile may give a rate for, in the order tables show them
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+
+#: A kernel may beat a *measured* compute roof a little (calibration is a GEMM of one size, not a
+#: peak); beyond this factor the number is treated as impossible. Measured *bandwidth* is never
+#: used to flag: data that stays in cache legitimately moves faster than the DRAM copy rate.
+MEASURED_SLACK = 1.25
 
 
 @dataclass(frozen=True)
@@ -11,7 +28,8 @@ class HardwareProfile:
 
     ``peak_flops`` maps a dtype name (``fp64``, ``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``,
     ``fp4``) to dense FLOP/s. ``source`` says where the figures come from (datasheet URL or
-    "measured by kbench calibrate on <date>").
+    "measured by kbench calibrate on <date>"); ``sources`` may name a source per figure.
+    ``measured_flops`` / ``measured_bandwidth`` are this machine's calibrated roofs, if any.
     """
 
     name: str
@@ -26,16 +44,37 @@ class HardwareProfile:
     match: tuple[str, ...] = ()                 # substrings of the device name that identify it
     notes: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)     # figure name -> where it comes from
+    measured_flops: Mapping[str, float] = field(default_factory=dict)
+    measured_bandwidth: float | None = None
+    measured_source: str = ""                   # "kbench calibrate on <date>, <file>"
 
     def peak(self, dtype: str) -> float | None:
         """Peak FLOP/s for a case dtype; fp32 inputs use the fp32 (not tf32) rate."""
         return self.peak_flops.get(dtype)
 
+    def measured_peak(self, dtype: str) -> float | None:
+        return self.measured_flops.get(dtype)
+
+    @property
+    def has_measured(self) -> bool:
+        return bool(self.measured_flops) or bool(self.measured_bandwidth)
+
+    def ridge(self, dtype: str, *, measured: bool = False) -> float | None:
+        """Intensity (FLOP/byte) where the compute and bandwidth roofs meet."""
+        peak = self.measured_peak(dtype) if measured else self.peak(dtype)
+        bw = self.measured_bandwidth if measured else self.bandwidth
+        return peak / bw if peak and bw else None
+
+    def with_measured(self, flops: Mapping[str, float], bandwidth: float | None, source: str) -> HardwareProfile:
+        """This profile with calibrated roofs attached (datasheet figures unchanged)."""
+        return replace(self, measured_flops=dict(flops), measured_bandwidth=bandwidth, measured_source=source)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["peak_flops"] = dict(self.peak_flops)
+        for key in ("peak_flops", "extra", "sources", "measured_flops"):
+            data[key] = dict(getattr(self, key))
         data["match"] = list(self.match)
-        data["extra"] = dict(self.extra)
         return data
 
     @classmethod
@@ -45,12 +84,59 @@ class HardwareProfile:
         return cls(**data)
 
 
+def match_profile(registry: Registry, device_name: str) -> HardwareProfile | None:
+    """The registered profile whose ``match`` substrings best fit a device name (e.g. from NVML).
+
+    Case-insensitive; the longest matching substring wins, so "NVIDIA GB200" picks ``gb200``
+    (matches "GB200") over ``b200`` (matches "B200"). ``None`` when nothing matches.
+    """
+    name = device_name.lower()
+    best: tuple[int, str] | None = None
+    for profile in registry.hardware.values():
+        for pattern in profile.match:
+            if pattern and pattern.lower() in name:
+                key = (len(pattern), profile.name)
+                if best is None or key[0] > best[0]:
+                    best = key
+    return None if best is None else registry.hardware[best[1]]
+
+
+def _roof(peak: float | None, bw: float | None, flops: float, nbytes: float, seconds: float,
+          basis: str) -> dict[str, Any] | None:
+    """Binding roof and fractions for one set of figures (datasheet or measured)."""
+    roofs = {}
+    if peak:
+        roofs["compute"] = peak
+    if bw and nbytes:
+        roofs["bandwidth"] = bw * flops / nbytes
+    if not roofs:
+        return None
+    bound = min(roofs, key=roofs.get)
+    attained = flops / seconds
+    out: dict[str, Any] = {"basis": basis, "bound": bound, "roof_tflops": roofs[bound] / 1e12,
+                           "fraction": attained / roofs[bound] if roofs[bound] else None}
+    if peak:
+        out["compute_fraction"] = attained / peak
+        out["peak_tflops"] = peak / 1e12
+    if bw:
+        out["bandwidth_fraction"] = nbytes / seconds / bw
+        out["bandwidth_gbps"] = bw / 1e9
+    return out
+
+
 def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nbytes: float,
                    seconds: float) -> dict[str, Any]:
-    """Attained rates, the binding roof and the fraction of it reached.
+    """Attained rates, the binding roof and the fraction of it reached, for both sets of roofs.
 
-    A fraction above 1 is physically impossible: it means the measurement or the kernel is
-    wrong (work skipped, cached, or done outside the timed region) and is flagged.
+    Flat keys (``bound``, ``roof_fraction``, ``compute_fraction``, ``bandwidth_fraction``) describe
+    the datasheet roof when the profile has one, else the measured roof (``roof_basis`` says
+    which); ``datasheet`` and ``measured`` hold each set in full, and ``measured_roof_fraction``
+    / ``datasheet_roof_fraction`` are there for tables.
+
+    A fraction above 1 of a datasheet roof is physically impossible: the measurement or the
+    kernel is wrong (work skipped, cached, or done outside the timed region) and is flagged. A
+    measured compute roof is flagged only where no datasheet peak exists and only beyond
+    :data:`MEASURED_SLACK`, and a measured bandwidth roof never (cache-resident data legitimately beats the DRAM copy rate).
     """
     out: dict[str, Any] = {
         "flops": flops,
@@ -61,22 +147,137 @@ def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nb
     }
     if profile is None or seconds <= 0:
         return out
-    peak = profile.peak(dtype)
-    bw = profile.bandwidth
-    roofs = {}
-    if peak:
-        roofs["compute"] = peak
-    if bw and nbytes:
-        roofs["bandwidth"] = bw * flops / nbytes
-    if not roofs:
+    sheet = _roof(profile.peak(dtype), profile.bandwidth, flops, nbytes, seconds, "datasheet")
+    meas = _roof(profile.measured_peak(dtype), profile.measured_bandwidth, flops, nbytes, seconds, "measured")
+    primary = sheet or meas
+    if primary is None:
         return out
-    bound = min(roofs, key=roofs.get)
-    attained = flops / seconds
-    out.update({"hardware": profile.name, "bound": bound, "roof_tflops": roofs[bound] / 1e12,
-                "roof_fraction": attained / roofs[bound]})
-    if peak:
-        out["compute_fraction"] = attained / peak
-    if bw:
-        out["bandwidth_fraction"] = nbytes / seconds / bw
-    out["impossible"] = out["roof_fraction"] > 1.0
+    out.update({"hardware": profile.name, "roof_basis": primary["basis"], "bound": primary["bound"],
+                "roof_tflops": primary["roof_tflops"], "roof_fraction": primary["fraction"]})
+    for key in ("compute_fraction", "bandwidth_fraction"):
+        if key in primary:
+            out[key] = primary[key]
+    impossible = False
+    if sheet is not None:
+        out["datasheet"] = sheet
+        out["datasheet_roof_fraction"] = sheet["fraction"]
+        impossible = sheet["fraction"] > 1.0
+    if meas is not None:
+        out["measured"] = meas
+        out["measured_roof_fraction"] = meas["fraction"]
+        out["measured_bound"] = meas["bound"]
+        # a datasheet peak, when there is one, is the hard limit; beating a measured GEMM is allowed
+        if "compute_fraction" not in (sheet or {}) and meas.get("compute_fraction", 0.0) > MEASURED_SLACK:
+            impossible = True
+    out["impossible"] = impossible
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles as data: kbench/data/hardware.yaml and third-party files in the same format.
+# ---------------------------------------------------------------------------------------------
+
+_UNITS = {"peak_tflops": 1e12, "bandwidth_tbps": 1e12, "capacity_gb": 1e9, "l2_mb": 1e6}
+
+PROFILE_FILE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["profiles"],
+    "additionalProperties": False,
+    "properties": {
+        "version": {"const": 1, "description": "format version 1"},
+        "profiles": {"type": "array", "items": {"$ref": "#/$defs/profile"},
+                     "description": "a list of hardware profiles"},
+    },
+    "$defs": {"profile": {
+        "type": "object",
+        "required": ["name", "title", "peak_tflops", "bandwidth_tbps", "capacity_gb", "source"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]*$",
+                     "description": "a lower-case name such as h200"},
+            "title": {"type": "string"},
+            "kind": {"enum": ["gpu", "cpu", "accelerator"]},
+            "match": {"type": "array", "items": {"type": "string", "minLength": 2},
+                      "description": "substrings of the device name"},
+            "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES)},
+                            "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
+                            "description": f"dense TFLOP/s per dtype, dtypes among {', '.join(DTYPES)}"},
+            "bandwidth_tbps": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                               "description": "memory bandwidth in TB/s (10^12 B/s)"},
+            "capacity_gb": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                            "description": "device memory in GB (10^9 B)"},
+            "l2_mb": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "source": {"type": "string", "minLength": 3, "description": "the datasheet the figures come from"},
+            "sources": {"type": "object", "additionalProperties": {"type": "string"}},
+            "notes": {"type": "string"},
+        },
+    }},
+}
+
+
+def check_schema(data: Any, schema: Mapping[str, Any], *, file: str | None, lines: Mapping[tuple, int] | None = None,
+                 what: str) -> None:
+    """Validate ``data`` with jsonschema; the error names the file, the place (with line) and the fix."""
+    import jsonschema
+
+    from kbench.errors import BadInput
+    from kbench.yamlsource import describe_path
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(data))
+    if error is None:
+        return
+    desc = error.schema.get("description") if isinstance(error.schema, dict) else None
+    if error.validator == "additionalProperties" and isinstance(error.schema, dict):
+        fix = f"allowed keys here: {', '.join(sorted(error.schema.get('properties', {})))}"
+    elif error.validator == "required":
+        fix = f"add the missing key (see the built-in {what} files under kbench/data/ for examples)"
+    else:
+        fix = f"expected {desc}" if desc else f"see docs/roofline.md for the {what} format"
+    raise BadInput(f"invalid {what}: {error.message}", file=file,
+                   where=describe_path(tuple(error.absolute_path), dict(lines or {})), fix=fix)
+
+
+def profiles_from_data(data: Any, *, file: str | None = None,
+                       lines: Mapping[tuple, int] | None = None) -> list[HardwareProfile]:
+    """Hardware profiles from a parsed profile file (units as in kbench/data/hardware.yaml)."""
+    check_schema(data, PROFILE_FILE_SCHEMA, file=file, lines=lines, what="hardware profile file")
+    out = []
+    for item in data["profiles"]:
+        def scaled(key: str) -> float | None:
+            value = item.get(key)
+            return None if value is None else round(float(value) * _UNITS[key], 3)
+        out.append(HardwareProfile(
+            name=item["name"], title=item["title"], kind=item.get("kind", "gpu"),
+            peak_flops={k: round(float(v) * _UNITS["peak_tflops"], 3) for k, v in item["peak_tflops"].items()},
+            bandwidth=scaled("bandwidth_tbps"), capacity=scaled("capacity_gb"), l2_bytes=scaled("l2_mb"),
+            source=item["source"], match=tuple(item.get("match", ())), notes=item.get("notes", ""),
+            sources=dict(item.get("sources", {}))))
+    return out
+
+
+def parse_yaml_file(path: str, parse):
+    """``parse(data, file=, lines=)`` of a YAML file, so errors name its lines."""
+    from kbench.yamlsource import load_yaml
+
+    data, lines = load_yaml(path)
+    return parse(data, file=str(path), lines=lines)
+
+
+def parse_package_data(name: str, parse):
+    """``parse(data, file=)`` of a YAML file shipped in kbench/data/."""
+    from importlib import resources
+
+    import yaml
+
+    res = resources.files("kbench").joinpath("data", name)
+    return parse(yaml.safe_load(res.read_text(encoding="utf-8")), file=str(res))
+
+
+def load_profiles(path: str) -> list[HardwareProfile]:
+    """Profiles from a YAML file in the format of kbench/data/hardware.yaml."""
+    return parse_yaml_file(path, profiles_from_data)
+
+
+def builtin_profiles() -> list[HardwareProfile]:
+    """The datasheet profiles shipped in kbench/data/hardware.yaml."""
+    return parse_package_data("hardware.yaml", profiles_from_data)

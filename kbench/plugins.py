@@ -23,6 +23,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "kbench.builtin.ops",
     "kbench.builtin.cpu",
     "kbench.builtin.numpy_backends",
+    "kbench.builtin.numpy_decode",
     "kbench.builtin.hardware",
     "kbench.builtin.commands",
 )

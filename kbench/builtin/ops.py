@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import kbench
 from kbench.ops.attention import AttentionOp
+from kbench.ops.decode import DecodeAttentionOp
 
 
 @kbench.hookimpl
 def kbench_register_ops(registry):
     registry.add_op(AttentionOp())
+    registry.add_op(DecodeAttentionOp())

@@ -1,2 +1,35 @@
-"""Entry point of the kbench-torch plugin (group `kbench`). Imports nothing heavy at import time."""
+"""Entry point of the kbench-torch plugin (group `kbench`). Imports nothing heavy at import time.
+
+Backends: ``torch-sdpa`` (CPU), ``torch-sdpa-{flash,efficient,cudnn,math}`` (CUDA, each SDPA
+implementation forced), ``flash-attn`` / ``flash-attn3`` (FlashAttention 2 / 3) and ``cudnn``
+(cuDNN frontend SDPA graph). torch, flash_attn and cudnn are imported when a backend is asked.
+"""
 from __future__ import annotations
+
+import kbench
+from kbench_torch.cudnn_backend import CudnnFrontendSDPA
+from kbench_torch.flash import flash_backends
+from kbench_torch.sdpa import TorchSDPA, cuda_backends
+
+
+@kbench.hookimpl
+def kbench_register_backends(registry):
+    registry.add_backend(TorchSDPA())
+    for backend in cuda_backends():
+        registry.add_backend(backend)
+    for backend in flash_backends():
+        registry.add_backend(backend)
+    registry.add_backend(CudnnFrontendSDPA())
+
+
+@kbench.hookimpl
+def kbench_environment():
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("torch", "flash-attn", "nvidia-cudnn-frontend", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return out

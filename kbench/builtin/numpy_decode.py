@@ -1,0 +1,76 @@
+"""Default plugin: NumPy decode attention on the CPU (split-KV online softmax, as in flash-decoding)."""
+from __future__ import annotations
+
+import numpy as np
+
+import kbench
+from kbench.backends import Backend, Tunable
+from kbench.ops import Case
+from kbench.ops.attention import softmax_scale
+
+
+def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
+    """Walk the cache in blocks of ``block_kv`` keys with a running max, denominator and accumulator.
+
+    All query heads sharing a KV head, and all query tokens, form one (group*sq, d) matrix, so each
+    block of K and V is read from memory once per KV head, by 2-D GEMMs on strided views of the cache
+    (BLAS takes the row stride; no copy for float32). Only the last ``sq`` keys can be masked (query
+    row i sees keys j <= sk - sq + i); blocks before them need no mask. Compute in float32.
+    """
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    offset = sk - sq
+    # (b, hkv, g*sq, d), rows ordered (head in group, token)
+    qg = (q.astype(np.float32) * np.float32(scale)).reshape(b, sq, hkv, g, d).transpose(0, 2, 3, 1, 4)
+    qg = np.ascontiguousarray(qg.reshape(b, hkv, g * sq, d))
+    token = np.tile(np.arange(sq), g)  # query token of each row
+    o = np.empty((b, hkv, g * sq, v.shape[-1]), dtype=np.float32)
+    for bi in range(b):
+        for h in range(hkv):
+            qh = qg[bi, h]
+            m = np.full((g * sq, 1), -np.inf, dtype=np.float32)
+            l = np.zeros_like(m)
+            acc = np.zeros((g * sq, v.shape[-1]), dtype=np.float32)
+            for k0 in range(0, sk, block_kv):
+                k1 = min(k0 + block_kv, sk)
+                kb = k[bi, k0:k1, h].astype(np.float32, copy=False)   # (n, d) view, row stride hkv*d
+                vb = v[bi, k0:k1, h].astype(np.float32, copy=False)
+                s = qh @ kb.T                                          # (g*sq, n)
+                if k1 - 1 > offset:  # the block reaches the new tokens: mask the future of each row
+                    visible = np.arange(k0, k1)[None, :] <= (token + offset)[:, None]
+                    s = np.where(visible, s, np.float32(-np.inf))
+                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+                p = np.exp(s - m_new)
+                alpha = np.exp(m - m_new)  # m starts at -inf: exp(-inf) = 0, and every row sees key 0
+                l = l * alpha + p.sum(axis=-1, keepdims=True)
+                acc = acc * alpha + p @ vb
+                m = m_new
+            o[bi, h] = acc / l
+    out[...] = o.reshape(b, hkv, g, sq, -1).transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, -1)
+
+
+class NumpyDecode(Backend):
+    name = "numpy-decode"
+    op = "decode_attention"
+    device = "cpu"
+    description = "NumPy split-KV decode (online softmax over cache blocks), float32 compute"
+    tunables = {"block_kv": Tunable(8192, (1024, 2048, 4096, 8192, 16384, 32768, 65536), "cache tokens per block")}
+
+    def __init__(self, **settings):
+        self.settings = {name: settings.get(name, t.default) for name, t in self.tunables.items()}
+
+    def prepare(self, case: Case):
+        scale, block = softmax_scale(case), self.settings["block_kv"]
+
+        def run(q, k, v, out):
+            decode_numpy(q, k, v, out, scale=scale, block_kv=block)
+        return run
+
+    def info(self):
+        return {"numpy": np.__version__, "tunables": dict(self.settings)}
+
+
+@kbench.hookimpl
+def kbench_register_backends(registry):
+    registry.add_backend(NumpyDecode())

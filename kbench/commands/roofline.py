@@ -1,0 +1,86 @@
+"""``kbench roofline``: operational intensity and capacity footprint of model configurations (no kernels run)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kbench.tables import FORMATS, render
+
+DEFAULT_CONTEXTS = ("8192", "131072", "1000000")
+
+
+@click.command("roofline")
+@click.option("-m", "--model", "models", multiple=True, metavar="NAME[,NAME]",
+              help="Built-in or --model-file models (repeatable, comma-separated; default: every model).")
+@click.option("--model-file", "model_files", multiple=True, type=click.Path(dir_okay=False),
+              help="YAML file of model configurations (format of kbench/data/models.yaml); repeatable.")
+@click.option("-c", "--context", "contexts", multiple=True, metavar="TOKENS[,TOKENS]",
+              help="Context lengths: 1000000, 128k (x1000), 1M (x10^6), 128Ki (x1024). Default 8192,131072,1000000.")
+@click.option("--hardware", "hardware", multiple=True, metavar="NAME[,NAME]",
+              help="Hardware profiles (repeatable, comma-separated; default: every GPU profile). See `kbench list`.")
+@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False),
+              help="YAML file of extra hardware profiles (format of kbench/data/hardware.yaml).")
+@click.option("--weights", "weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
+@click.option("--kv", "kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
+@click.option("--usable", type=click.FloatRange(0.05, 1.0), default=1.0, show_default=True,
+              help="Fraction of device memory available to weights and KV cache.")
+@click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write roofline-quadrants.png and footprint-vs-context.png into this directory.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.pass_obj
+def roofline_command(pm, models, model_files, contexts, hardware, hardware_files, weights, kv, usable, plot_dir, fmt):
+    """Prefill/decode intensity, KV-cache and capacity footprint, fits and the binding wall, per
+    (model, context, hardware). Nothing is run: the figures come from the model shapes and the
+    hardware profiles. Formulas and a worked example: docs/roofline.md.
+    """
+    from kbench.errors import BadInput
+    from kbench.hardware import load_profiles
+    from kbench.roofline import (TABLE_HEADERS, analyze_all, builtin_models, check_dtype, load_models, parse_context,
+                                 pick, plot_footprint, plot_quadrants, split_names, table_rows)
+
+    known_models = {m.name: m for m in builtin_models()}
+    for path in model_files:
+        for m in load_models(path):
+            known_models[m.name] = m  # a user file may redefine a built-in model
+    known_hw = dict(pm.registry.hardware)
+    for path in hardware_files:
+        known_hw.update({p.name: p for p in load_profiles(path)})
+    names = split_names(models)
+    if not names:
+        names = list(known_models) if not model_files else [m.name for p in model_files for m in load_models(p)]
+    chosen_models = pick(names, known_models, "model", "--model")
+    hw_names = split_names(hardware)
+    if not hw_names or hw_names == ["all"]:
+        hw_names = [n for n, p in known_hw.items() if p.kind != "cpu" and p.capacity]
+    chosen_hw = pick(hw_names, known_hw, "hardware profile", "--hardware")
+    for p in chosen_hw:
+        if not p.capacity:
+            raise BadInput(f"hardware profile {p.name!r} has no memory capacity", where="--hardware",
+                           fix="pick a profile with a capacity (see `kbench list`), or add one with --hardware-file")
+    ctx = [parse_context(c) for c in split_names(contexts or DEFAULT_CONTEXTS)]
+    check_dtype(weights, "--weights")
+    check_dtype(kv, "--kv")
+    rows = analyze_all(chosen_models, ctx, chosen_hw, weights=weights, kv=kv, usable=usable)
+
+    if fmt == "json":
+        click.echo(json.dumps([r.to_json() for r in rows], indent=1))
+    else:
+        if fmt in ("table", "markdown"):
+            click.echo(f"weights {weights}, KV cache {kv}, {usable:.0%} of device memory usable; "
+                       "GB = 10^9 bytes; FLOP/B = operational intensity (decode at batch 1)\n")
+        click.echo(render(TABLE_HEADERS, table_rows(rows), fmt))
+        if fmt in ("table", "markdown"):
+            click.echo("\n1 req GB: weights + one request's KV cache. devices/req: devices whose memory holds that. "
+                       "reqs/device: requests that fit one device beside the weights. reqs/group: on devices/req "
+                       "devices. wall: capacity if one request needs more than one device, else the roof binding a "
+                       "decode step at the batch that fits. decode tok/s: roofline bound for that batch on that group.")
+            for note in dict.fromkeys(f"note: {r.hardware}: {r.notes}" for r in rows if r.notes):
+                click.echo(note)
+    if plot_dir is not None:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        quad = plot_quadrants(rows, chosen_hw, str(plot_dir / "roofline-quadrants.png"))
+        foot = plot_footprint(chosen_models, chosen_hw, str(plot_dir / "footprint-vs-context.png"), kv=kv,
+                              max_context=max(2_000_000, max(ctx)))
+        click.echo(f"\nplots: {quad}, {foot}", err=True)

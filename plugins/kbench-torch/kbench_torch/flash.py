@@ -1,0 +1,101 @@
+"""FlashAttention backends: ``flash-attn`` (FlashAttention 2, package ``flash_attn``) and
+``flash-attn3`` (FlashAttention 3 for Hopper, module ``flash_attn_interface``), when installed.
+
+Both take kbench's layout (batch, seqlen, heads, head_dim) directly, GQA natively (heads_q a
+multiple of heads_kv) and align the causal mask bottom-right (FlashAttention >= 2.1), exactly
+kbench's convention, so no adaptation happens inside the timed call.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from kbench.backends import Backend
+from kbench.enums import DType
+from kbench.ops import Case
+from kbench.ops.attention import softmax_scale
+from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_info
+from kbench_torch.interop import as_torch, to_device_array
+
+
+class FlashAttention(Backend):
+    op = "attention"
+    device = "cuda"
+
+    def __init__(self, name: str, module: str, title: str, *, min_capability: tuple[int, int],
+                 max_capability: tuple[int, int] | None, install: str, min_version: str | None = None) -> None:
+        self.name, self.module, self.title = name, module, title
+        self.min_capability, self.max_capability = min_capability, max_capability
+        self.install, self.min_version = install, min_version
+        self.description = f"{title} through `{module}.flash_attn_func`, bottom-right causal, native GQA"
+
+    def _import(self):
+        return importlib.import_module(self.module)
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec(self.module) is None:  # say the missing package first: it is the fix
+            return f"{self.module} is not installed ({self.title}): {self.install}"
+        reason = torch_cuda_unavailable()
+        if reason:
+            return reason
+        try:
+            mod = self._import()
+        except Exception as exc:  # noqa: BLE001 - not installed, or built for another torch/CUDA
+            if isinstance(exc, ModuleNotFoundError) and exc.name == self.module:
+                return f"{self.module} is not installed ({self.title}): {self.install}"
+            return f"{self.module} failed to import: {type(exc).__name__}: {exc}"
+        version = getattr(mod, "__version__", None)
+        if self.min_version and version and _version_tuple(version) < _version_tuple(self.min_version):
+            return f"{self.module} {version} aligns causal masks top-left; need >= {self.min_version}"
+        cap = cuda_capability()
+        if cap < self.min_capability or (self.max_capability and cap > self.max_capability):
+            want = ".".join(map(str, self.min_capability))
+            if self.max_capability:
+                want = f"{want}..{'.'.join(map(str, self.max_capability))}"
+            return f"{self.title} needs compute capability {want}; this GPU is {cap[0]}.{cap[1]}"
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        if case.dtype not in (DType.FP16, DType.BF16):
+            return f"{self.title} takes fp16/bf16 only"
+        d = case["head_dim"]
+        if d > 256:
+            return f"{self.title} takes head_dim <= 256"
+        if d % 8:
+            return f"{self.title} needs head_dim a multiple of 8 (got {d})"
+        return None
+
+    def prepare(self, case: Case):
+        from kbench_cuda.runtime import oom_as_memory_error
+
+        fn = self._import().flash_attn_func
+        causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
+
+        def run(q, k, v, out):
+            o = fn(as_torch(q, dtype), as_torch(k, dtype), as_torch(v, dtype), softmax_scale=scale, causal=causal)
+            if isinstance(o, tuple):  # some FA3 releases return (out, softmax_lse)
+                o = o[0]
+            return to_device_array(o)
+        return oom_as_memory_error(run)
+
+    def info(self) -> dict[str, Any]:
+        mod = self._import()
+        return {**torch_info(), self.module: getattr(mod, "__version__", None)}
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def flash_backends() -> list[FlashAttention]:
+    return [
+        FlashAttention("flash-attn", "flash_attn", "FlashAttention 2", min_capability=(8, 0), max_capability=None,
+                       install="pip install flash-attn --no-build-isolation", min_version="2.1"),
+        FlashAttention("flash-attn3", "flash_attn_interface", "FlashAttention 3", min_capability=(9, 0),
+                       max_capability=(9, 0), install="build `hopper/` of the flash-attention repository"),
+    ]

@@ -218,6 +218,29 @@ def check_same_machine(base: Mapping[str, Any], new: Mapping[str, Any], *, base_
                        fix="compare two runs from one machine, or pass --allow-different-machines to compare anyway")
 
 
+def pool_runs(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Repeated runs of one side as one: the samples of each (case, backend) concatenated.
+
+    The pooled spread then includes the run-to-run variation (another process on the machine,
+    a different memory layout per process), which one run's samples cannot show; a change must
+    exceed it to be a verdict. A record that did not pass in any run stands for that pair.
+    """
+    if len(results) == 1:
+        return dict(results[0])
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for data in results:
+        for rec in data["records"]:
+            key = (rec["case_id"], rec["backend"])
+            have = merged.get(key)
+            if have is None:
+                merged[key] = {**rec, "timing": dict(rec["timing"]) if rec.get("timing") else rec.get("timing")}
+            elif have["status"] == Status.PASSED.value and rec["status"] != Status.PASSED.value:
+                merged[key] = dict(rec)
+            elif have["status"] == rec["status"] == Status.PASSED.value:
+                have["timing"]["samples"] = list(have["timing"]["samples"]) + list(_samples(rec))
+    return {**results[0], "records": list(merged.values()), "pooled": [d.get("id") for d in results]}
+
+
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Settings = Settings()) -> list[Pair]:
     """Match records by (case id, backend), in the base run's order then the new run's extras."""
     new_by_key = {(r["case_id"], r["backend"]): r for r in new["records"]}

@@ -220,3 +220,17 @@ def test_speedup_vs_baseline_per_case_and_geomean_per_group(runner, tmp_path):
     data = json.loads(invoke(runner, "compare", str(tmp_path / "one.json"), "--baseline", "cudnn",
                              "--format", "json").output)
     assert data["geomean"]["evolved"]["all"] == pytest.approx(1.1726, rel=0.01)
+
+
+def test_pooled_repeated_runs_count_run_to_run_variation_as_noise(runner, tmp_path):
+    # one process is 20% slower than another for no reason in the code (memory layout, a neighbour);
+    # a single run against a new run in between calls it a change, the pooled runs do not
+    def one(name, median, seed):
+        return write(tmp_path / f"{name}.json", result([record("numpy", SMALL, lognormal(median, 0.01, 80, seed))]))
+    b1, b2, n1 = one("b1", 1.0e-4, 1), one("b2", 1.2e-4, 2), one("n1", 1.1e-4, 3)
+    single = json.loads(invoke(runner, "compare", b1, n1, "--format", "json").output)
+    assert single[0]["change"] == "slower"
+    pooled = json.loads(invoke(runner, "compare", f"{b1},{b2}", n1, "--format", "json").output)
+    assert pooled[0]["change"] in ("same", "ambiguous") and pooled[0]["noise"] > 0.15
+    res = invoke(runner, "compare", f"{b1},{b2}", n1)
+    assert "2 runs pooled" in res.output

@@ -11,7 +11,7 @@ from kbench.tables import FORMATS
 
 
 @click.command("compare")
-@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("results", nargs=-1, required=True)
 @click.option("--baseline", metavar="BACKEND",
               help="With one RESULT: speedup of every backend over BACKEND per case, geomean per group.")
 @click.option("--factor", type=float, default=1.05, show_default=True,
@@ -32,6 +32,9 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
                     allow_different_machines, keyword, fmt):
     """Compare two result files (BASE NEW), or the backends of one RESULT against --baseline.
 
+    BASE or NEW may be several runs joined by commas (a.json,b.json): their samples are pooled, so
+    run-to-run variation counts as noise.
+
     \b
     Marks (as asv): + slower, - faster, ~ ambiguous (beyond the factor but not
     significant or inside the noise), ! newly failing, * fixed, x incomparable.
@@ -42,8 +45,8 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
     failing; 2 on bad input (including results from different machines).
     """
-    from kbench.compare import Change, Settings, group_key_for, check_same_machine, compare_runs, counts, geomean, is_regression, \
-        machine_mismatch, sort_pairs, speedup_vs_baseline
+    from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, \
+        group_key_for, is_regression, machine_mismatch, pool_runs, sort_pairs, speedup_vs_baseline
     from kbench.errors import BadInput
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -51,12 +54,17 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
 
     settings = Settings(factor=factor, alpha=alpha)
     kw = Keyword(keyword)
-    data = [load_result(path) for path in results]
-    for path, d in zip(results, data):
-        d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
-        if not d["complete"]:
-            click.echo(f"kbench: warning: {path} is incomplete ({d.get('interrupted') or 'still running or killed'})",
-                       err=True)
+    sides = [[load_result(path) for path in arg.split(",")] for arg in results]
+    for arg, runs in zip(results, sides):
+        for path, d in zip(arg.split(","), runs):
+            d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+            if not d["complete"]:
+                click.echo(f"kbench: warning: {path} is incomplete "
+                           f"({d.get('interrupted') or 'still running or killed'})", err=True)
+            why = machine_mismatch(runs[0], d)
+            if why and not allow_different_machines:
+                check_same_machine(runs[0], d, base_file=arg.split(",")[0], new_file=path)
+    data = [pool_runs(runs) for runs in sides]
     text = fmt in ("table", "markdown")
 
     if baseline is not None:
@@ -81,8 +89,9 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     pairs = compare_runs(base, new, settings)
     shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
     if text:
-        click.echo(f"before: {results[0]} ({base['machine']['id']}, {base['created']})\n"
-                   f"after:  {results[1]} ({new['machine']['id']}, {new['created']})")
+        for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):
+            pooled = f", {len(runs)} runs pooled" if len(runs) > 1 else ""
+            click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
         if why:
             click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
         click.echo(f"ratio = after / before (median time); factor {factor:g}, alpha {alpha:g}\n")

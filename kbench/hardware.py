@@ -16,11 +16,6 @@ if TYPE_CHECKING:
 #: dtype names a profile may give a rate for, in the order tables show them
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 
-#: A kernel may beat a *measured* compute roof a little (calibration is a GEMM of one size, not a
-#: peak); beyond this factor the number is treated as impossible. Measured *bandwidth* is never
-#: used to flag: data that stays in cache legitimately moves faster than the DRAM copy rate.
-MEASURED_SLACK = 1.25
-
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -135,8 +130,9 @@ def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nb
 
     A fraction above 1 of a datasheet roof is physically impossible: the measurement or the
     kernel is wrong (work skipped, cached, or done outside the timed region) and is flagged. A
-    measured compute roof is flagged only where no datasheet peak exists and only beyond
-    :data:`MEASURED_SLACK`, and a measured bandwidth roof never (cache-resident data legitimately beats the DRAM copy rate).
+    measured roof never flags: it is what one GEMM and one copy reached under the load of the
+    calibration run, and cache-resident data legitimately beats the DRAM copy rate, so a fraction
+    above 1 of it is information, not an integrity failure.
     """
     out: dict[str, Any] = {
         "flops": flops,
@@ -166,9 +162,6 @@ def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nb
         out["measured"] = meas
         out["measured_roof_fraction"] = meas["fraction"]
         out["measured_bound"] = meas["bound"]
-        # a datasheet peak, when there is one, is the hard limit; beating a measured GEMM is allowed
-        if "compute_fraction" not in (sheet or {}) and meas.get("compute_fraction", 0.0) > MEASURED_SLACK:
-            impossible = True
     out["impossible"] = impossible
     return out
 

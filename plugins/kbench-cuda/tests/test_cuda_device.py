@@ -133,6 +133,11 @@ def test_round_trip_and_poison(dtype):
     host = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(dtype.numpy)
     back = dev.to_host(dev.from_host(host))
     assert back.dtype == dtype.numpy and np.array_equal(back.view(np.uint8), host.view(np.uint8))
+    arr = dev.from_host(host)
+    before = dev.fingerprint(arr)
+    assert dev.fingerprint(dev.from_host(host)) == before      # content, not address
+    arr.reshape(-1)[7] += 1
+    assert dev.fingerprint(arr) != before
     poison = dev.to_host(dev.poisoned((5,), dtype))
     assert poison.dtype == dtype.numpy and np.isnan(poison.astype(np.float32)).all()
 

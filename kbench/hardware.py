@@ -223,7 +223,7 @@ def check_schema(data: Any, schema: Mapping[str, Any], *, file: str | None, line
     if error.validator == "additionalProperties" and isinstance(error.schema, dict):
         fix = f"allowed keys here: {', '.join(sorted(error.schema.get('properties', {})))}"
     elif error.validator == "required":
-        fix = f"add the missing key (see the built-in {what} files under kbench/data/ for examples)"
+        fix = "add the missing key (the built-in files kbench/data/*.yaml are examples)"
     else:
         fix = f"expected {desc}" if desc else f"see docs/roofline.md for the {what} format"
     raise BadInput(f"invalid {what}: {error.message}", file=file,

@@ -297,6 +297,7 @@ class RooflineRow:
     batch_intensity: float | None     # decode intensity at requests_on_group requests
     prefill_bound: str | None
     wall: str                         # capacity, bandwidth or compute
+    group_bound: str | None           # the roof binding a decode step of requests_on_group on the group
     decode_tokens_per_s: float | None  # roofline upper bound for the group at requests_on_group
     notes: str = ""
 
@@ -333,7 +334,7 @@ def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str =
     if peak is None:
         notes.append(f"no {weights} compute figure for {hw.name}")
     n_dev = per_dev = on_group = None
-    batch_i = tok_s = None
+    batch_i = tok_s = group_bound = None
     wall = "bandwidth"
     if cap:
         n_dev = max(1, math.ceil((w_bytes + kv_req) / cap))
@@ -346,7 +347,7 @@ def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str =
         t_cmp = step.flops / (peak * n_dev) if peak else 0.0
         if max(t_mem, t_cmp) > 0:
             tok_s = on_group / max(t_mem, t_cmp)
-        wall = "compute" if t_cmp > t_mem else "bandwidth"
+        wall = group_bound = "compute" if t_cmp > t_mem else "bandwidth"
     if n_dev is not None and n_dev > 1:
         wall = "capacity"
     prefill_bound = None if ridge is None else ("compute" if pre.intensity >= ridge else "bandwidth")
@@ -356,7 +357,7 @@ def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str =
         one_request_bytes=w_bytes + kv_req, prefill_intensity=pre.intensity, decode_intensity=dec.intensity,
         ridge=ridge, capacity=cap, devices_per_request=n_dev, requests_per_device=per_dev,
         requests_on_group=on_group, batch_intensity=batch_i, prefill_bound=prefill_bound, wall=wall,
-        decode_tokens_per_s=tok_s, notes="; ".join(notes))
+        group_bound=group_bound, decode_tokens_per_s=tok_s, notes="; ".join(notes))
 
 
 def analyze_all(models: Sequence[ModelConfig], contexts: Sequence[int], hardware: Sequence[HardwareProfile],

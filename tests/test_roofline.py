@@ -93,7 +93,9 @@ def test_llama_70b_at_one_million_tokens_by_hand():
     assert h200.devices_per_request == math.ceil((w + 327.68e9) / 141e9) == 4
     assert h200.requests_per_device == 0                     # the weights alone exceed 141 GB
     assert h200.requests_on_group == math.floor((4 * 141e9 - w) / 327.68e9) == 1
-    assert h200.wall == "capacity"
+    assert h200.wall == "capacity" and h200.group_bound == "bandwidth"
+    # spread over 4 devices, a decode step reads 468.8 GB at 4 * 4.8 TB/s: 24.4 ms, 41 tokens/s
+    assert h200.decode_tokens_per_s == pytest.approx(4 * 4.8e12 / (w + 327.68e9))
     b200 = analyze(m, 1_000_000, HW["b200"])
     assert b200.devices_per_request == math.ceil((w + 327.68e9) / 180e9) == 3
     assert b200.wall == "capacity"

@@ -85,6 +85,9 @@ def relative_l2(got: np.ndarray, ref: np.ndarray) -> float:
 def check_output(ctx: ExecContext, case: Case, result: Any, out: Any, inputs: Mapping[str, Any]) -> Any:
     """The array that holds the answer; raises CheckFailed for aliasing, shape or dtype problems."""
     output = out if result is None else result
+    if result is not None and not isinstance(result, type(out)):
+        raise CheckFailed(f"the kernel returned a {type(result).__name__}, not a {type(out).__name__} like its output "
+                          f"buffer: results must be materialised before return (lazy results are not timed)")
     for name, arr in inputs.items():
         if ctx.device.is_same_memory(output, arr):
             raise CheckFailed(f"output aliases input {name!r}: a kernel must write its own buffer")
@@ -173,6 +176,11 @@ def check_correctness(ctx: ExecContext, backend: Backend, case: Case, kernel,
         ctx.cache.reference(ctx.op, case, seed, ctx.check.max_rows)  # takes a while: late work shows up
         ctx.device.synchronize()
         late = np.asarray(ctx.device.to_host(out if result is None else result))
+        if late.tobytes() == host_out.tobytes() and not np.isfinite(host_out.astype(np.float32)).all():
+            # unwritten elements: give late work a moment more, to name the cause rather than the symptom
+            time.sleep(0.05)
+            ctx.device.synchronize()
+            late = np.asarray(ctx.device.to_host(out if result is None else result))
         if late.tobytes() != host_out.tobytes():
             raise CheckFailed(f"the output changed after the kernel returned on trial {trial}: work was left running "
                               f"(a thread, a stream or lazy evaluation) and would not be timed")
@@ -319,9 +327,17 @@ def _execute(ctx: ExecContext, backend: Backend, case: Case, rec: dict[str, Any]
     kernel = backend.prepare(case)
     _verify_harness(ctx, snapshot, "while the kernel was prepared")
     watch = ThreadWatch(ctx.integrity.check_threads)
-    rec["correctness"] = check_correctness(ctx, backend, case, kernel, watch)
+    try:
+        rec["correctness"] = check_correctness(ctx, backend, case, kernel, watch)
+    except CheckFailed:
+        _verify_harness(ctx, snapshot, "during the correctness check")  # tampering is the cause, not the symptom
+        raise
     _verify_harness(ctx, snapshot, "during the correctness check")
-    timing = time_kernel(ctx, case, kernel, watch)
+    try:
+        timing = time_kernel(ctx, case, kernel, watch)
+    except CheckFailed:
+        _verify_harness(ctx, snapshot, "during timing")
+        raise
     _verify_harness(ctx, snapshot, "during timing")
     rec["timing"] = timing.to_json()
     stats = summarize(timing.samples)

@@ -61,7 +61,7 @@ def operator_registry(pm) -> OperatorRegistry:
         return cached
     registry = OperatorRegistry()
     caller = pm.pm.hook.kbench_evolve_register_operators
-    for impl in reversed(caller.get_hookimpls()):  # registration order, like the core's hooks
+    for impl in caller.get_hookimpls():  # registration order (pluggy calls them in reverse)
         registry.current_plugin = impl.plugin_name
         impl.function(**{k: v for k, v in {"registry": registry}.items() if k in impl.argnames})
     pm._kbench_evolve_operators = registry

@@ -1,0 +1,109 @@
+"""mutate on the CPU improves a deliberately bad tunable setting; CLI, backends, transfer, operator hook."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kbench.cli import cli
+from kbench.errors import PluginError
+from kbench_evolve import source as src
+from kbench_evolve.store import Lineage
+
+
+def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspace):
+    res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "mutate", "--iterations", "1",
+                                   "--max-steps", "4", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    versions = lineage.versions()
+    assert len(versions) == 2, res.output
+    v1, v2 = versions
+    assert v2.meta["operator"] == "mutate" and v2.meta["parent"] == 1
+    assert v2.geomean > v1.geomean
+    d = v2.meta["decision"]
+    assert d["commit"] and d["ci"][0] > 1.0  # beat the re-measured champion beyond noise
+    before = {k: s["default"] for k, s in src.tunables(v1.source).items()}
+    after = {k: s["default"] for k, s in src.tunables(v2.source).items()}
+    assert after != before and all(after[k] >= before[k] for k in before)  # bigger tiles than 8 are faster
+    assert any(a.get("outcome") == "committed" and a.get("version") == "v2" for a in lineage.attempts())
+    assert json.loads((lineage.root / "state.json").read_text())["status"] == "finished"
+
+    log = CliRunner().invoke(cli, ["evolve", "log", "t", "--attempts"])
+    assert log.exit_code == 0 and log.output.index("version v2") < log.output.index("version v1")
+    assert f"{v2.geomean:.4g} TFLOP/s" in log.output
+    diff = CliRunner().invoke(cli, ["evolve", "diff", "t", "v2"])
+    assert '-    "block' in diff.output or "-TUNABLES" in diff.output or "'default'" in diff.output
+    show = CliRunner().invoke(cli, ["evolve", "show", "t", "v1", "--no-source"])
+    assert "seed" in show.output and "causal" in show.output
+
+
+def test_evolved_backends_are_registered_untrusted_and_run(lineage, workspace, tiny_suite):
+    from kbench.plugins import PluginManager
+    from kbench.runner import RunRequest, plan_run, run_suite
+    from kbench.suite import load_suite
+
+    pm = PluginManager()
+    names = {b for b in pm.registry.backends if b.startswith("evolved:")}
+    assert names == {"evolved:t", "evolved:t@v1"}
+    backend = pm.registry.backends["evolved:t"]
+    assert backend.trusted is False and backend.source_path.endswith("v0001/kernel.py")
+    assert backend.tunables["block_q"].default == 8
+    planned = plan_run(pm, RunRequest(suite=load_suite(tiny_suite), device="cpu", backend_patterns=["evolved:t"],
+                                      output=workspace.parent / "r.json"))
+    records = run_suite(pm, planned).records
+    assert [r["status"] for r in records] == ["passed", "passed"]
+
+
+def test_init_refuses_an_incorrect_seed_and_leaves_nothing(workspace, tiny_suite, tmp_path):
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("def attention(q, k, v, out, *, causal, scale):\n    out[...] = 0\n")
+    res = CliRunner().invoke(cli, ["evolve", "init", "w", "--seed", str(wrong), "--suite", str(tiny_suite),
+                                   "--device", "cpu"])
+    assert res.exit_code == 2 and "not correct" in res.output
+    assert not (workspace / "w").exists()
+
+
+def test_transfer_moves_the_lineage_to_a_gqa_suite(lineage, workspace, gqa_suite):
+    res = CliRunner().invoke(cli, ["evolve", "transfer", "t", "--suite", str(gqa_suite), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    v2 = lineage.champion()
+    assert v2.meta["operator"] == "transfer" and v2.meta["suite"] == str(gqa_suite)
+    assert all("hq=4,hkv=2" in c for c in v2.scores) and v2.geomean > 0
+    assert lineage.current_suite() == str(gqa_suite)
+
+
+def test_run_refuses_to_clobber_an_unfinished_run(lineage):
+    lineage.save_state({"operator": "mutate", "status": "running", "spent": {}, "budget": {}})
+    res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "mutate"])
+    assert res.exit_code == 2 and "resume" in res.output
+
+
+def test_llm_operators_need_a_model(lineage, monkeypatch):
+    monkeypatch.delenv("KBENCH_EVOLVE_MODEL", raising=False)
+    res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "agent"])
+    assert res.exit_code == 2 and "KBENCH_EVOLVE_MODEL" in res.output
+
+
+class FakeOperator:
+    name = "mutate"
+    description = "a third party's operator with a clashing name"
+    uses_llm = False
+
+
+def test_operators_come_from_the_hook_and_duplicates_name_both_plugins(pm):
+    import kbench
+    from kbench_evolve.operators import operator_registry
+
+    reg = operator_registry(pm)
+    assert {"mutate", "llm", "agent"} <= set(reg.operators) and reg.owners["agent"] == "evolve"
+
+    class ThirdParty:
+        @kbench.hookimpl
+        def kbench_evolve_register_operators(self, registry):
+            registry.add(FakeOperator)
+
+    pm.pm.register(ThirdParty(), name="thirdparty")
+    pm._kbench_evolve_operators = None
+    with pytest.raises(PluginError, match="'evolve'.*'thirdparty'"):
+        operator_registry(pm)

@@ -1,0 +1,77 @@
+"""Lineage store (atomic commits, torn logs, stale temp dirs), kernel-source editing, statistics."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbench.errors import BadInput
+from kbench_evolve import source as src
+from kbench_evolve.fitness import speedup_interval
+from kbench_evolve.store import Lineage, read_jsonl
+
+from conftest import bad_seed_source
+
+
+def test_commit_numbers_versions_and_champion_is_newest(tmp_path):
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    v1 = lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
+    v2 = lin.commit("A = 2\n", {"geomean": 2.0, "parent": 1, "suite": "s.yaml"})
+    assert (v1.label, v2.label) == ("v1", "v2")
+    assert lin.champion().source == "A = 2\n"
+    assert lin.version("v1").source == "A = 1\n" and lin.version("@v1").number == 1 and lin.version(2).number == 2
+    with pytest.raises(BadInput, match="no version"):
+        lin.version("v9")
+    with pytest.raises(BadInput, match="already exists"):
+        Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+
+
+def test_half_written_version_from_a_kill_is_ignored_and_cleaned(tmp_path):
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
+    stale = lin.root / "versions" / ".tmp-abc"
+    stale.mkdir()
+    (stale / "kernel.py").write_text("half")
+    assert [v.label for v in lin.versions()] == ["v1"]
+    Lineage.open(tmp_path, "x")
+    assert not stale.exists()
+    assert lin.commit("A = 3\n", {"geomean": 3.0, "suite": "s.yaml"}).label == "v2"
+
+
+def test_attempts_log_survives_a_torn_last_line(tmp_path):
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    lin.log_attempt({"outcome": "rejected", "reason": "slow"})
+    with open(lin.attempts_path, "a") as fh:
+        fh.write('{"outcome": "rejec')  # killed mid-append
+    assert [a["reason"] for a in read_jsonl(lin.attempts_path)] == ["slow"]
+
+
+def test_with_tunables_rewrites_only_the_defaults():
+    text = bad_seed_source()
+    new = src.with_tunables(text, {"block_k": 64})
+    t = src.tunables(new)
+    assert t["block_k"]["default"] == 64 and t["block_q"]["default"] == 8
+    assert t["block_k"]["choices"] == [8, 16, 32, 64, 128]
+    assert new.split("TUNABLES")[0] == text.split("TUNABLES")[0]
+    assert new.split("def attention")[1] == text.split("def attention")[1]
+
+
+def test_patch_must_match_exactly_once():
+    text = "a = 1\nb = 2\na = 1\n"
+    assert src.apply_patch("x = 1\n", "<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE") == "x = 2\n"
+    with pytest.raises(src.PatchError, match="occurs 2 times"):
+        src.apply_patch(text, "<<<<<<< SEARCH\na = 1\n=======\na = 3\n>>>>>>> REPLACE")
+    with pytest.raises(src.PatchError, match="does not occur"):
+        src.apply_patch(text, "<<<<<<< SEARCH\nz = 1\n=======\nz = 3\n>>>>>>> REPLACE")
+    with pytest.raises(src.PatchError, match="no SEARCH/REPLACE"):
+        src.apply_patch(text, "just rewrite it")
+
+
+def test_speedup_interval_separates_real_gains_from_noise():
+    rng = np.random.default_rng(1)
+    champ = {c: list(1.0 + 0.05 * rng.standard_normal(12)) for c in "abc"}
+    faster = {c: list(0.5 + 0.025 * rng.standard_normal(12)) for c in "abc"}
+    same = {c: list(1.0 + 0.05 * rng.standard_normal(12)) for c in "abc"}
+    point, (lo, hi) = speedup_interval(champ, faster)
+    assert 1.8 < point < 2.2 and lo > 1.5
+    point, (lo, hi) = speedup_interval(champ, same)
+    assert lo < 1.0 < hi

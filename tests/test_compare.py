@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from synthetic_results import lognormal, record, result, write
@@ -74,6 +75,20 @@ def test_shift_smaller_than_the_spread_is_ambiguous_not_slower():
     assert t.significant(0.01) and t.noise > 0.3
     change, why = classify(t)
     assert change is Change.AMBIGUOUS and "noise" in why
+
+
+def test_interference_that_leaves_the_fastest_samples_alone_is_ambiguous():
+    # another process slows 90% of the samples by 20%: the median moves, the spread stays small,
+    # the minimum does not move -- the code did not change
+    base = np.asarray(lognormal(1e-4, 0.005, 200, seed=7))
+    new = np.asarray(lognormal(1e-4, 0.005, 200, seed=8))
+    new[20:] *= 1.2
+    t = ratio_test(base, new)
+    assert t.ratio > 1.15 and t.significant(0.01) and t.noise < 0.05 and t.min_ratio < 1.02
+    change, why = classify(t)
+    assert change is Change.AMBIGUOUS and "fastest samples" in why
+    # the same shift applied to every sample is a change in the code
+    assert verdict(base, np.asarray(lognormal(1e-4, 0.005, 200, seed=8)) * 1.2) is Change.SLOWER
 
 
 def test_bad_settings_are_bad_input():

@@ -46,7 +46,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     failing; 2 on bad input (including results from different machines).
     """
     from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, \
-        group_key_for, is_regression, machine_mismatch, pool_runs, sort_pairs, speedup_vs_baseline
+        both_skipped, group_key_for, is_regression, machine_mismatch, pool_runs, sort_pairs, speedup_vs_baseline
     from kbench.errors import BadInput
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -88,6 +88,12 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         check_same_machine(base, new, base_file=results[0], new_file=results[1])
     pairs = compare_runs(base, new, settings)
     shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
+    skipped_both: dict[str, set[str]] = {}
+    if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case
+        for p in shown:
+            if both_skipped(p):
+                skipped_both.setdefault(p.backend, set()).add(p.new.get("reason") or "")
+        shown = [p for p in shown if not both_skipped(p)]
     if text:
         for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):
             pooled = f", {len(runs)} runs pooled" if len(runs) > 1 else ""
@@ -102,6 +108,9 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         summary = ", ".join(f"{k} {c}" for c, k in n.items() if k)
         ratios = geomean(p.test.ratio for p in pairs if p.test)
         geo = f"; geomean time ratio {ratios:.3f}" if ratios else ""
+        if skipped_both:
+            click.echo("\nskipped in both runs:\n" + "\n".join(f"  {b}: {'; '.join(sorted(r))}"
+                                                             for b, r in sorted(skipped_both.items())))
         click.echo(f"\n{len(pairs)} pairs: {summary}{geo}")
     if fail_on_regression and is_regression(pairs):
         bad = [p for p in pairs if p.change in (Change.SLOWER, Change.FAILING)]

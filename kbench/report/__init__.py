@@ -133,10 +133,10 @@ def write_pngs(figs: Figures, directory: Path, dpi: int = 130) -> list[Path]:
 def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
     from html import escape
 
-    from kbench.compare import counts, is_regression
+    from kbench.compare import both_skipped, counts, is_regression
     from kbench.report.page import html_table, page
     from kbench.tables import COMPARE_HEADERS, RECORD_HEADERS, compare_row, record_row, speedup_rows, \
-        speedup_summary, status_summary
+        speedup_summary, split_skipped, status_summary
 
     cards = []
     for run in runs:
@@ -170,6 +170,7 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
                        "A trailing ? marks a difference within the noise.</p>"
                        + html_table(headers, rows, classes=classes, numeric=range(1, len(headers)))))
     for run, pairs in changes:
+        pairs = [p for p in pairs if not both_skipped(p)]
         rows = [compare_row(p) for p in pairs]
         tables.append((f"changes-{run.label}", f"Changes {runs[0].label} → {run.label}",
                        "<p>ratio = new / old median time; marks as asv: + slower, - faster, ~ ambiguous, "
@@ -177,10 +178,14 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
                        + html_table(COMPARE_HEADERS, rows, classes=[p.change.value for p in pairs],
                                     numeric=(1, 2, 3, 5))))
     for run in runs:
-        recs = run.data["records"]
+        recs, collapsed = split_skipped(run.data["records"])
+        note = ""
+        if collapsed:
+            note = ("<p>Skipped on every case: " + "; ".join(f"<b>{escape(b)}</b> ({escape(why)})"
+                                                            for b, why in sorted(collapsed.items())) + ".</p>")
         tables.append((f"records-{run.label}", f"Records of {run.label}",
                        html_table(RECORD_HEADERS, [record_row(r) for r in recs], classes=[r["status"] for r in recs],
-                                  numeric=(3, 4, 5, 6, 8))))
+                                  numeric=(3, 4, 5, 6, 8)) + note))
     names = ", ".join(dict.fromkeys(r.data["suite"]["name"] for r in runs))
     return page(title=f"kbench: {names}", runs=runs, summary_cards=cards, figures=figs, tables=tables,
                 svg_of=svg_of)

@@ -254,4 +254,4 @@ class CudaDevice(Device):
     def machine_id(self) -> str:
         if self.available():
             return "cuda-unavailable"
-        return runtime.slug(self.properties()["name"])
+        return f"gpu-{runtime.slug(self.properties()['name'])}"

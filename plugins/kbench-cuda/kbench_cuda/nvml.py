@@ -56,7 +56,7 @@ class Telemetry:
 
             pynvml.nvmlInit()
             if self.pci_bus_id:
-                self._handle = pynvml.nvmlDeviceGetHandleByPciBusId(self.pci_bus_id.encode())
+                self._handle = pynvml.nvmlDeviceGetHandleByPciBusId(self.pci_bus_id)
             else:
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
             self._nvml = pynvml

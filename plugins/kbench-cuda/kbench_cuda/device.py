@@ -61,25 +61,40 @@ def _fingerprint_mixer():
 
 
 def memory_span(array: Any) -> tuple[int, int] | None:
-    """[first, last) byte addresses an array with ``__cuda_array_interface__`` may touch."""
-    try:
-        cai = array.__cuda_array_interface__
-    except Exception:  # noqa: BLE001 - not a device array (or bf16 torch tensors, which refuse)
-        return None
-    ptr = int(cai["data"][0])
-    shape = cai["shape"]
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    strides = cai.get("strides")
-    if strides is None:  # C-contiguous
-        strides, acc = [], itemsize
-        for n in reversed(shape):
-            strides.insert(0, acc)
-            acc *= n
+    """[first, last) byte addresses a device array (CuPy, torch CUDA tensor, any CUDA array interface) may touch."""
+    if hasattr(array, "data_ptr") and hasattr(array, "element_size") and getattr(array, "is_cuda", False):
+        # torch tensors: bf16 ones refuse the CUDA array interface
+        ptr, shape, itemsize = int(array.data_ptr()), tuple(array.shape), int(array.element_size())
+        strides = [s * itemsize for s in array.stride()]
+    else:
+        try:
+            cai = array.__cuda_array_interface__
+        except Exception:  # noqa: BLE001 - not a device array
+            return None
+        ptr, shape = int(cai["data"][0]), tuple(cai["shape"])
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            strides, acc = [], itemsize
+            for n in reversed(shape):
+                strides.insert(0, acc)
+                acc *= n
     if any(n == 0 for n in shape):
         return ptr, ptr
     lo = ptr + sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
     hi = ptr + sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + itemsize
     return lo, hi
+
+
+def _as_cupy(cp, array: Any):
+    """A CuPy view of another device array (a torch CUDA tensor returned by a kernel; bf16 as uint16)."""
+    if str(getattr(array, "dtype", "")) == "torch.bfloat16":
+        import torch
+
+        return cp.from_dlpack(array.view(torch.int16)).view(cp.uint16)
+    if hasattr(array, "__dlpack__"):
+        return cp.from_dlpack(array)
+    return cp.asarray(array)
 
 
 class CudaDevice(Device):
@@ -130,7 +145,9 @@ class CudaDevice(Device):
         if isinstance(array, np.ndarray):
             return array
         cp = self._cp()
-        host = cp.asnumpy(cp.asarray(array))
+        if not isinstance(array, cp.ndarray):
+            array = _as_cupy(cp, array)
+        host = cp.asnumpy(array)
         if host.dtype == np.uint16:  # the bf16 storage convention (module doc)
             host = host.view(_bf16())
         return host

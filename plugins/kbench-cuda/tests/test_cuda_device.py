@@ -167,3 +167,29 @@ def test_gpu_detection_and_timer(kbench_pm):
     x = cp.ones(1 << 24, dtype=cp.float32)
     seconds = dev.time_call(lambda: x.sum())
     assert 0 < seconds < 1 and not dev.pending_work()
+
+
+class _TensorLike:
+    """The attributes of a torch CUDA tensor that memory_span reads (bf16 tensors have no CUDA array interface)."""
+
+    is_cuda = True
+
+    def __init__(self, ptr, shape, stride, itemsize):
+        self._ptr, self.shape, self._stride, self._itemsize = ptr, shape, stride, itemsize
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        return self._stride
+
+    def element_size(self):
+        return self._itemsize
+
+
+def test_memory_span_of_tensors():
+    t = _TensorLike(4096, (2, 3), (3, 1), 2)
+    assert memory_span(t) == (4096, 4096 + 12)
+    transposed = _TensorLike(4096, (3, 2), (1, 3), 2)
+    assert memory_span(transposed) == (4096, 4096 + 12)
+    assert CudaDevice().is_same_memory(t, _DeviceArray(4096 + 10, (1,), "<u2"))

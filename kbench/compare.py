@@ -328,6 +328,7 @@ class BaselineTable:
     groups: dict[str, list[str]]                      # group key -> case ids
     baseline_median: dict[str, float | None]          # case id -> seconds
     cells: dict[tuple[str, str], Speedup] = field(default_factory=dict)   # (case id, backend)
+    never_passed: dict[str, str] = field(default_factory=dict)            # backend -> why (first reason)
 
     def group_geomean(self, group: str, backend: str) -> float | None:
         return geomean(self.cells[(c, backend)].speedup for c in self.groups[group] if (c, backend) in self.cells)
@@ -362,9 +363,11 @@ def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Cal
     first = {r["case_id"]: r for r in reversed(records)}
     for cid in cases:
         groups.setdefault(group_key(first[cid]), []).append(cid)
-    table = BaselineTable(baseline, [b for b in backends if b != baseline], cases, groups,
+    never = {b: _status_text(next(r for r in records if r["backend"] == b)) for b in backends
+             if b != baseline and not any(_passed(r) for r in records if r["backend"] == b)}
+    table = BaselineTable(baseline, [b for b in backends if b != baseline and b not in never], cases, groups,
                           {c: median_of(by_key.get((c, baseline))) if _passed(by_key.get((c, baseline))) else None
-                           for c in cases})
+                           for c in cases}, never_passed=never)
     for group, ids in groups.items():
         for cid in ids:
             base = by_key.get((cid, baseline))

@@ -163,7 +163,8 @@ def speedup_table(table, fmt: str = "table") -> str:
     if fmt == "json":
         geo = {b: {"all": table.overall_geomean(b), **{g: table.group_geomean(g, b) for g in table.groups}}
                for b in table.backends}
-        data = {"baseline": table.baseline, "geomean": geo, "cells": [s.to_json() for s in table.cells.values()]}
+        data = {"baseline": table.baseline, "geomean": geo, "cells": [s.to_json() for s in table.cells.values()],
+                "never_passed": table.never_passed}
         return json.dumps(data, indent=1)
     headers, rows = speedup_rows(table)
     return render(headers, rows, fmt)
@@ -181,4 +182,9 @@ def speedup_summary(table) -> list[str]:
             continue
         lines.append(f"{b} vs {table.baseline}: {fmt_speedup(table.overall_geomean(b))} "
                      f"(geomean of {len(vals)} cases, {fmt_speedup(min(vals))} to {fmt_speedup(max(vals))})")
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for b, why in sorted(table.never_passed.items()):
+        by_reason[why].append(b)
+    for why, names in by_reason.items():
+        lines.append(f"not compared, never passed: {', '.join(names)} ({why})")
     return lines

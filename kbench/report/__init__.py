@@ -66,7 +66,9 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], 
 
     settings = settings or Settings()
     rows = series_rows(runs)
-    palette = F.colors([r["series"] for r in rows])
+    # colours go to series that have something to plot, so a run full of skipped GPU backends keeps the palette
+    palette = F.colors([r["series"] for r in rows if r["rec"]["status"] == "passed"])
+    palette.update({r["series"]: "#999999" for r in rows if r["series"] not in palette})
     out = Figures()
     table = None
     with matplotlib.rc_context(F.STYLE):
@@ -78,7 +80,7 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], 
              "no passed record with a sequence length and head_dim")
         if baseline is not None:
             table = speedup_vs_baseline(runs[0].data, baseline, group_key, settings, file=runs[0].path)
-            fig = F.speedup(table, F.colors([r["backend"] for r in runs[0].data["records"]]))
+            fig = F.speedup(table, {b: palette.get(b, "#999999") for b in table.backends})
             _add(out, "speedup", f"Speedup over {baseline}",
                  f"Median time of {baseline} divided by the backend's, minus 1, per case of {runs[0].label} "
                  "(AVO-style: +3.5% means 3.5% faster). Error bars are 95% bootstrap intervals of the ratio "

@@ -133,16 +133,22 @@ def _pct(x: float | None) -> str:
 
 
 def roofs_of(hardware: Mapping[str, Any] | None, dtypes: Sequence[str]) -> list[tuple[str, str, float, float | None]]:
-    """(kind, dtype, peak FLOP/s, bandwidth B/s) for every dtype with a figure; kind datasheet/measured."""
+    """(kind, dtypes, peak FLOP/s, bandwidth B/s) for every distinct roof; kind datasheet/measured.
+
+    Dtypes with the same figures share one roof ("bf16/fp16"), so identical lines are drawn once.
+    """
     hw = hardware or {}
-    out = []
+    out: list[tuple[str, str, float, float | None]] = []
     for kind, flops_key, bw_key in (("datasheet", "peak_flops", "bandwidth"),
                                     ("measured", "measured_flops", "measured_bandwidth")):
         peaks = hw.get(flops_key) or {}
         bw = hw.get(bw_key)
+        same: dict[float, list[str]] = {}
         for dt in dtypes:
             if peaks.get(dt):
-                out.append((kind, dt, float(peaks[dt]), float(bw) if bw else None))
+                same.setdefault(float(peaks[dt]), []).append(dt)
+        for peak, names in same.items():
+            out.append((kind, "/".join(names), peak, float(bw) if bw else None))
         if bw and not any(p for p in (peaks.get(dt) for dt in dtypes)):
             out.append((kind, "", math.nan, float(bw)))  # a bandwidth roof without a compute roof
     return out

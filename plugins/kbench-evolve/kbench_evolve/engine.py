@@ -206,8 +206,8 @@ class VariationContext:
             return fail(f"slower on screening: geomean {screen.geomean:.4g} vs champion {champion.geomean:.4g} "
                         f"TFLOP/s", scores=screen.zeroed(), result_file=screen.result_file)
         self._bench_call()
-        self.spent.bench_calls += 2 * self.evaluator.rounds - 1  # the duel is 2 runs per round
-        decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()))
+        self.spent.bench_calls += 2 * self.evaluator.rounds - 2  # the screening run is the duel's first B
+        decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()), first=screen)
         self.save()
         dj = decision.to_json()
         if not decision.commit:

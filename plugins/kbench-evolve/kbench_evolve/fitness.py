@@ -21,7 +21,7 @@ from kbench.enums import Status
 from kbench.suite import Suite, load_suite, suite_from_data
 
 #: timing for a correctness-only run: every case is still executed and checked, barely timed
-CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.0,
+CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.001,
                 "target_rel_se": 1.0, "rotate": 1}
 
 
@@ -173,17 +173,23 @@ class Evaluator:
             self.on_run()
         return measurement_from_records(str(kernel), str(output), writer.records)
 
-    def duel(self, champion: str | Path, candidate: str | Path, *, seed: int = 0) -> Decision:
-        """Interleaved re-measurement (A B A B ...), then the bootstrap decision."""
+    def duel(self, champion: str | Path, candidate: str | Path, *, seed: int = 0,
+             first: Measurement | None = None) -> Decision:
+        """Interleaved re-measurement, then the bootstrap decision.
+
+        With ``first`` (the candidate's screening run, just made) the order is B A, A B, A B, ...:
+        balanced against drift, and one run cheaper than A B, A B, ...
+        """
         from scipy import stats
 
         champ_m: Measurement | None = None
-        cand_m: Measurement | None = None
+        cand_m: Measurement | None = first
         for r in range(self.rounds):
             a = self.measure(champion, label=f"champion-r{r}")
-            b = self.measure(candidate, label=f"candidate-r{r}")
             champ_m = a if champ_m is None else champ_m.merge(a)
-            cand_m = b if cand_m is None else cand_m.merge(b)
+            if r > 0 or first is None:
+                b = self.measure(candidate, label=f"candidate-r{r}")
+                cand_m = b if cand_m is None else cand_m.merge(b)
             if not cand_m.correct:
                 return Decision(False, "incorrect: " + "; ".join(f"{c}: {why}" for c, why in
                                                                  list(cand_m.failures.items())[:3]),

@@ -14,7 +14,7 @@ from kbench_evolve.store import Lineage
 
 def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspace):
     res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "mutate", "--iterations", "1",
-                                   "--max-steps", "4", "--device", "cpu"])
+                                   "--max-steps", "4", "--rounds", "1", "--device", "cpu"])
     assert res.exit_code == 0, res.output
     versions = lineage.versions()
     assert len(versions) == 2, res.output

@@ -193,3 +193,16 @@ def test_memory_span_of_tensors():
     transposed = _TensorLike(4096, (3, 2), (1, 3), 2)
     assert memory_span(transposed) == (4096, 4096 + 12)
     assert CudaDevice().is_same_memory(t, _DeviceArray(4096 + 10, (1,), "<u2"))
+
+
+def test_cupy_backend_chunks_and_limits(kbench_case):
+    from kbench_cuda.cupy_backend import CHUNK_BUDGET, CupyAttention, heads_per_chunk
+
+    small = kbench_case(seqlen=1024, heads=16, head_dim=128, dtype="bf16")
+    assert heads_per_chunk(small) == 16                       # 16 x 12 MiB of scores fit one chunk
+    long = kbench_case(seqlen=16384, heads=16, head_dim=128, dtype="bf16")
+    per = heads_per_chunk(long)                                # 3 GiB of temporaries per KV head
+    assert per == 1 and 3 * 16384 * 16384 * 4 * per <= CHUNK_BUDGET
+    assert CupyAttention().supports(long) is None
+    huge = kbench_case(seqlen=65536, heads_q=8, heads_kv=1, head_dim=64)
+    assert "materialises scores" in CupyAttention().supports(huge)

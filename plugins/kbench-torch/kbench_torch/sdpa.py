@@ -209,13 +209,17 @@ class TorchSDPACuda(Backend):
 
 
 @lru_cache(maxsize=None)
-def probe(impl: str, dtype: str, head_dim: int, heads_q: int, heads_kv: int, kind: str) -> str | None:
-    """Ask torch whether SDPBackend.``impl`` runs this kind of case: None, or torch's own reasons."""
+def probe(impl: str, dtype: str, head_dim: int, heads_q: int, heads_kv: int, kind: str,
+          device: str | None = None) -> str | None:
+    """Ask torch whether SDPBackend.``impl`` runs this kind of case: None, or torch's own reasons.
+
+    ``device``: a torch device string; default the GPU of kbench's ``cuda`` device.
+    """
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sq, sk = {"wide": (64, 128), "tall": (128, 64)}.get(kind, (64, 64))
-    dev, dt = torch_device(), torch_dtype(dtype)
+    dev, dt = (torch.device(device) if device else torch_device()), torch_dtype(dtype)
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(1, sq, heads_q, head_dim, device=dev, dtype=dt, generator=gen).transpose(1, 2)
     k = torch.randn(1, sk, heads_kv, head_dim, device=dev, dtype=dt, generator=gen).transpose(1, 2)
@@ -233,7 +237,8 @@ def probe(impl: str, dtype: str, head_dim: int, heads_q: int, heads_kv: int, kin
         try:
             with sdpa_kernel([getattr(SDPBackend, impl)]):
                 sdpa_bhsd(q, k, v, kind=kind, scale=head_dim ** -0.5, mask=mask)
-            torch.cuda.synchronize(dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             return None
         except Exception as exc:  # noqa: BLE001 - any refusal is the reason; never raise from supports()
             notes = [_clean(str(w.message)) for w in caught]

@@ -157,3 +157,36 @@ def test_gpu_backend_passes_or_says_why(kbench_pm, kbench_case, kbench_check, na
     assert rec["status"] in ("passed", "skipped"), rec.get("reason")
     if rec["status"] == "skipped":
         assert rec["reason"]
+
+
+def test_probe_reports_torchs_refusal_on_the_cpu():
+    """The probe behind the CUDA backends' supports(), run where torch has no such kernel."""
+    from kbench_torch.sdpa import probe
+
+    assert probe("MATH", "fp32", 32, 4, 2, "wide", "cpu") is None
+    reason = probe("EFFICIENT_ATTENTION", "fp32", 32, 4, 4, "none", "cpu")
+    assert reason.startswith("torch refuses SDPBackend.EFFICIENT_ATTENTION for this case: ")
+
+
+@pytest.mark.parametrize("impl", ["MATH", "FLASH_ATTENTION"])
+@pytest.mark.parametrize("sq,sk", [(24, 24), (10, 40), (40, 10)])
+def test_forced_implementation_matches_the_reference(impl, sq, sk):
+    """sdpa_bhsd, the call every torch backend makes, under sdpa_kernel, with kbench's mask rules."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kbench.ops.attention import attention_float64
+    from kbench_torch.sdpa import probe, sdpa_bhsd
+
+    kind = "square" if sq == sk else ("wide" if sq < sk else "tall")
+    reason = probe(impl, "fp32", 32, 4, 2, kind, "cpu")
+    if reason:
+        pytest.skip(reason)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, sq, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((2, sk, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((2, sk, 2, 32)).astype(np.float32)
+    mask = bottom_right_mask(sq, sk) if kind in ("wide", "tall") else None
+    with sdpa_kernel([getattr(SDPBackend, impl)]):
+        o = sdpa_bhsd(*(torch.from_numpy(x).transpose(1, 2) for x in (q, k, v)), kind=kind, scale=0.2, mask=mask)
+    ref = attention_float64(q, k, v, causal=True, scale=0.2)
+    assert np.allclose(o.transpose(1, 2).numpy(), ref, atol=1e-5)

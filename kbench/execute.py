@@ -177,10 +177,13 @@ def check_correctness(ctx: ExecContext, backend: Backend, case: Case, kernel,
         ctx.device.synchronize()
         late = np.asarray(ctx.device.to_host(out if result is None else result))
         if late.tobytes() == host_out.tobytes() and not np.isfinite(host_out.astype(np.float32)).all():
-            # unwritten elements: give late work a moment more, to name the cause rather than the symptom
-            time.sleep(0.05)
-            ctx.device.synchronize()
-            late = np.asarray(ctx.device.to_host(out if result is None else result))
+            # unwritten elements: give late work up to a second more, to name the cause rather than the symptom
+            for _ in range(50):
+                time.sleep(0.02)
+                ctx.device.synchronize()
+                late = np.asarray(ctx.device.to_host(out if result is None else result))
+                if late.tobytes() != host_out.tobytes():
+                    break
         if late.tobytes() != host_out.tobytes():
             raise CheckFailed(f"the output changed after the kernel returned on trial {trial}: work was left running "
                               f"(a thread, a stream or lazy evaluation) and would not be timed")

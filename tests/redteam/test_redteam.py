@@ -19,10 +19,10 @@ HERE = Path(__file__).parent
 
 SUITE = {
     "name": "redteam",
-    "grid": [{"seqlen": 64, "heads": 2, "head_dim": 32, "dtype": "fp32"}],
+    "grid": [{"seqlen": 256, "heads": 2, "head_dim": 32, "dtype": "fp32"}],
     "check": {"seeds": 2},
     "timing": {"warmup_time": 0.0, "min_samples": 5, "min_time": 0.0, "max_time": 0.1, "target_rel_se": 1.0,
-               "rotate": 2, "case_timeout": 5},
+               "rotate": 2, "case_timeout": 60},
     "integrity": {"memory_limit": "2GiB"},
 }
 
@@ -39,7 +39,6 @@ DEFAULT = {
     "zero_output": ("failed", r"relative L2 error 1 exceeds"),
     "low_precision": ("failed", r"relative L2 error .* exceeds the fp32 bound"),
     "forbidden_call": ("failed", r"static check.*forbidden 'torch.nn.functional.scaled_dot_product_attention'"),
-    "infinite_loop": ("timeout", r"exceeded the case timeout of 5 s"),
     "segfault": ("crashed", r"SIGSEGV \(segmentation fault\)"),
     "abort": ("crashed", r"SIGABRT"),
     "memory_blowup": ("error", r"out of memory"),
@@ -59,12 +58,12 @@ DYNAMIC = {
 HONEST_REGISTRY = ["numpy", "numpy-flash", "torch-sdpa"]
 
 
-def _run(tmp_path_factory, files, integrity):
+def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_timeout=None):
     pm = PluginManager()
     suite = suite_from_data({**SUITE, "integrity": {**SUITE["integrity"], **integrity}})
-    honest = [b for b in HONEST_REGISTRY if b in pm.registry.backends]
+    honest = [b for b in honest if b in pm.registry.backends]
     out = tmp_path_factory.mktemp("redteam") / "r.json"
-    req = RunRequest(suite=suite, device="cpu", backend_patterns=honest,
+    req = RunRequest(suite=suite, device="cpu", backend_patterns=honest, case_timeout=case_timeout,
                      kernel_files=[str(HERE / f"{f}.py") for f in files], output=out)
     writer = run_suite(pm, plan_run(pm, req))
     return {r["backend"]: r for r in writer.records}, honest
@@ -77,7 +76,7 @@ def default_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
-    return _run(tmp_path_factory, DYNAMIC, {"static_checks": "none"})
+    return _run(tmp_path_factory, DYNAMIC, {"static_checks": "none"}, honest=["numpy"])
 
 
 def _expect(records, name, status, pattern):
@@ -97,14 +96,22 @@ def test_exploit_caught_without_static_checks(dynamic_run, name):
     _expect(dynamic_run[0], name, *DYNAMIC[name])
 
 
+def test_infinite_loop_times_out_and_the_run_goes_on(tmp_path_factory):
+    # its own run with a short timeout (the main runs allow a minute: torch loads slowly on a busy machine)
+    records, _ = _run(tmp_path_factory, ["infinite_loop", "honest_numpy"], {}, honest=[], case_timeout=3)
+    _expect(records, "infinite_loop", "timeout", r"exceeded the case timeout of 3 s")
+    _expect(records, "honest_numpy", "passed", None)
+
+
 def test_every_corpus_file_has_an_expectation():
-    assert {p.stem for p in HERE.glob("*.py") if not p.stem.startswith("test_")} == set(DEFAULT)
+    stems = {p.stem for p in HERE.glob("*.py") if not p.stem.startswith("test_")}
+    assert stems == set(DEFAULT) | {"infinite_loop"}
 
 
 @pytest.mark.parametrize("run", ["default_run", "dynamic_run"])
 def test_honest_registry_backends_never_flagged(request, run):
     records, honest = request.getfixturevalue(run)
-    assert {"numpy", "numpy-flash"} <= set(honest)
+    assert "numpy" in honest
     for name in honest:
         rec = records[name]
         assert rec["status"] == "passed", (name, rec["reason"])

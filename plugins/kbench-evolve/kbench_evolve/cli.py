@@ -309,10 +309,16 @@ def operators_command(pm):
 
 @evolve_group.command("seeds")
 def seeds_command():
-    """Paths of the seed kernels shipped with the plugin."""
+    """Paths of the seed kernels: the NumPy one shipped here, the Triton one from kbench-triton."""
+    import importlib.util
     from importlib import resources
 
     for entry in sorted(resources.files("kbench_evolve").joinpath("seeds").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".py"):
-            click.echo(str(entry))
-    click.echo("(GPU: the Triton seed ships with kbench-triton: kbench_triton/seeds/triton_attention_seed.py)")
+            click.echo(f"cpu   {entry}")
+    spec = importlib.util.find_spec("kbench_triton")
+    triton_seed = (Path(spec.origin).parent / "seeds" / "triton_attention_seed.py") if spec and spec.origin else None
+    if triton_seed and triton_seed.is_file():
+        click.echo(f"cuda  {triton_seed}")
+    else:
+        click.echo("cuda  (install kbench-triton for the Triton seed, kbench_triton/seeds/triton_attention_seed.py)")

@@ -75,3 +75,21 @@ def test_speedup_interval_separates_real_gains_from_noise():
     assert 1.8 < point < 2.2 and lo > 1.5
     point, (lo, hi) = speedup_interval(champ, same)
     assert lo < 1.0 < hi
+
+
+def test_knowledge_base_ships_notes_and_takes_user_folders(tmp_path, monkeypatch):
+    from kbench_evolve.knowledge import KnowledgeBase
+
+    kb = KnowledgeBase()
+    for doc in ("attention-online-softmax.md", "avo-optimisations.md", "flashattention-2-3-4.md",
+                "hopper-blackwell-tips.md", "numpy-cpu-kernels.md", "kernel-files.md"):
+        assert doc in kb.names()
+    assert "branchless" in kb.read("avo-optimisations.md").lower()
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "my-gpu.md").write_text("# Our cluster\nL2 is 60 MB\n")
+    (mine / "avo-optimisations.md").write_text("# replaced\n")
+    monkeypatch.setenv("KBENCH_EVOLVE_KNOWLEDGE", str(mine))
+    kb = KnowledgeBase()
+    assert kb.title("my-gpu.md") == "Our cluster" and kb.read("avo-optimisations.md") == "# replaced\n"
+    assert "- my-gpu.md: Our cluster" in kb.index()

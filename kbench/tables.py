@@ -97,7 +97,7 @@ def status_summary(records: Iterable[dict[str, Any]]) -> str:
 
 # -- comparisons (kbench.compare) -------------------------------------------------------------------
 
-COMPARE_HEADERS = ("mark", "before", "after", "ratio", "95% CI", "p", "change", "backend", "case")
+COMPARE_HEADERS = ("mark", "before", "after", "ratio", "95% CI", "p", "change", "backend", "case", "why")
 
 
 def compare_row(pair) -> list[str]:
@@ -109,9 +109,8 @@ def compare_row(pair) -> list[str]:
             return "-"
         return fmt_time(_median(rec)) if rec["status"] == "passed" else rec["status"]
     ci = f"{t.ci_low:.3f}-{t.ci_high:.3f}" if t else ""
-    change = pair.change.value + (f" ({pair.note})" if pair.note else "")
     return [pair.change.mark, side(pair.base), side(pair.new), f"{t.ratio:.3f}" if t else "", ci,
-            f"{t.p_value:.2g}" if t else "", change, pair.backend, pair.case_id]
+            f"{t.p_value:.2g}" if t else "", pair.change.value, pair.backend, pair.case_id, pair.note]
 
 
 def _median(rec) -> float | None:

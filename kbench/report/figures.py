@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -214,6 +215,11 @@ def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | No
     return fig
 
 
+#: matplotlib 3.10 renamed ``vert=False`` to ``orientation="horizontal"`` (and deprecated the old name)
+_HORIZONTAL = ({"orientation": "horizontal"} if tuple(int(x) for x in matplotlib.__version__.split(".")[:2]) >= (3, 10)
+               else {"vert": False})
+
+
 def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: int = 60) -> tuple[Figure | None, int]:
     """Samples / median per record as box plots (whiskers 5-95%): how much to trust each number.
 
@@ -232,8 +238,8 @@ def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: 
         data.append(100 * (s / np.median(s) - 1))
     fig = _new_figure(10, 0.24 * len(rows) + 1.3)
     ax = fig.subplots()
-    box = ax.boxplot(data, orientation="horizontal", whis=(5, 95), showfliers=False, patch_artist=True,
-                     widths=0.6, medianprops={"color": "black", "linewidth": 1})
+    box = ax.boxplot(data, whis=(5, 95), showfliers=False, patch_artist=True, widths=0.6,
+                     medianprops={"color": "black", "linewidth": 1}, **_HORIZONTAL)
     for patch, r in zip(box["boxes"], rows):
         patch.set_facecolor(palette[r["series"]])
         patch.set_alpha(0.55)

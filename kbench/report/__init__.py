@@ -80,7 +80,8 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], 
              "no passed record with a sequence length and head_dim")
         if baseline is not None:
             table = speedup_vs_baseline(runs[0].data, baseline, group_key, settings, file=runs[0].path)
-            fig = F.speedup(table, {b: palette.get(b, "#999999") for b in table.backends})
+            first = {r["rec"]["backend"]: r["series"] for r in rows if r["run"] == runs[0].label}
+            fig = F.speedup(table, {b: palette.get(first.get(b, b), "#999999") for b in table.backends})
             _add(out, "speedup", f"Speedup over {baseline}",
                  f"Median time of {baseline} divided by the backend's, minus 1, per case of {runs[0].label} "
                  "(AVO-style: +3.5% means 3.5% faster). Error bars are 95% bootstrap intervals of the ratio "

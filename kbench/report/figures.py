@@ -248,6 +248,16 @@ def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: 
                         f"(IQR {100 * ((r['rec'].get('stats') or {}).get('rel_spread') or 0):.1f}%, "
                         f"n={len(r['rec']['timing']['samples'])})" for r in rows], fontsize=7)
     ax.invert_yaxis()
+    # a few samples many times the median (a descheduled process) would squash every box: clip the axis
+    # and write the clipped whisker's value at the edge instead
+    highs = [float(np.percentile(d, 95)) for d in data]
+    right = min(max(highs), max(25.0, 3 * float(np.percentile([np.percentile(d, 75) for d in data], 90))))
+    left = min(-5.0, min(float(np.percentile(d, 5)) for d in data) * 1.1)
+    ax.set_xlim(left, right * 1.12)
+    for i, hi in enumerate(highs, start=1):
+        if hi > right * 1.12:
+            ax.annotate(f"95th: +{hi:.0f}%", xy=(1.005, i), xycoords=("axes fraction", "data"), ha="left",
+                        va="center", fontsize=6.5, color="#a33", annotation_clip=False)
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_xlabel("sample time relative to the record's median (%); box: quartiles, whiskers: 5th-95th percentile")
     ax.set_title("noise per record, noisiest first")

@@ -1,0 +1,215 @@
+"""Ahead-of-time compilation of the Triton attention kernel for CUDA targets, on a machine without a GPU.
+
+``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))`` runs
+the whole pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the target; the ptxas log gives registers,
+spills and stack; Triton's metadata gives the shared memory the kernel asks for at launch. A
+configuration whose shared memory exceeds the target's per-block limit compiles but cannot launch: it
+is reported as ``too-much-smem``. A compile error is ``error``. This is how we know the kernel builds
+for Hopper (sm_90) and the others without a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterable, Iterator
+
+#: Largest dynamic shared memory one block may use, in bytes (CUDA C Programming Guide,
+#: "Technical Specifications per Compute Capability": 163 KB on 8.0, 227 KB on 9.0 and 10.0).
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
+ARCHS = (80, 90, 100)
+DTYPES = ("bf16", "fp16", "fp32")
+TRITON_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+#: kernel arguments that are plain integers (strides and sizes); pointers and constexprs are named below
+_POINTERS = ("Q", "K", "V", "O")
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION")
+
+
+@dataclass(frozen=True)
+class Target:
+    arch: int
+    head_dim: int
+    dtype: str
+    causal: bool
+
+
+@dataclass
+class CompileReport:
+    """One compiled (target, configuration): what ptxas and Triton say about it."""
+
+    arch: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+    status: str = "ok"          # ok | too-much-smem | error
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack: int | None = None
+    shared: int | None = None
+    seconds: float = 0.0
+    message: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kernel_module():
+    from kbench_triton.seeds import triton_attention_seed
+
+    return triton_attention_seed
+
+
+def signature(dtype: str) -> dict[str, str]:
+    """Triton signature of ``attention_fwd_kernel`` for inputs of ``dtype`` (int32 strides and sizes)."""
+    kernel = _kernel_module().attention_fwd_kernel
+    sig = {}
+    for name in kernel.arg_names:
+        if name in _POINTERS:
+            sig[name] = "*" + TRITON_DTYPE[dtype]
+        elif name in _CONSTEXPRS:
+            sig[name] = "constexpr"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def divisibility() -> dict[tuple[int], list]:
+    """The specialisation Triton's JIT gives a launch on contiguous tensors with power-of-two lengths:
+    pointers, strides and sequence lengths divisible by 16. Without it the compiler cannot prove 16-byte
+    alignment, loads are not vectorised and the K/V loads are not software-pipelined."""
+    names = _kernel_module().attention_fwd_kernel.arg_names
+    return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+            if n in _POINTERS or n.startswith("stride_") or n in ("seqlen_q", "seqlen_kv")}
+
+
+def supported_archs() -> list[int]:
+    """Which of ``ARCHS`` the installed Triton can target (sm_100 needs a recent Triton and ptxas)."""
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.backends.compiler import GPUTarget
+
+    return [a for a in ARCHS if CUDABackend.supports_target(GPUTarget("cuda", a, 32))]
+
+
+def _parse_ptxas(log: str) -> dict[str, int | None]:
+    def grab(pattern: str) -> int | None:
+        found = re.findall(pattern, log)
+        return int(found[-1]) if found else None
+
+    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads"), "stack": grab(r"(\d+) bytes stack frame")}
+
+
+def compile_one(target: Target, config: dict) -> CompileReport:
+    """Compile the kernel for ``target`` with ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    mod = _kernel_module()
+    report = CompileReport(target.arch, target.head_dim, target.dtype, target.causal, config["BLOCK_M"],
+                           config["BLOCK_N"], config["num_warps"], config["num_stages"])
+    constexprs = dict(HEAD_DIM=target.head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+                      CAUSAL=target.causal, DOT_PRECISION=mod.dot_precision(
+                          {"fp32": "float32"}.get(target.dtype, target.dtype)))
+    source = ASTSource(mod.attention_fwd_kernel, signature(target.dtype), constexprs, attrs=divisibility())
+    log = io.StringIO()
+    start = time.perf_counter()
+    try:
+        # compile for real each time (a cache hit has no ptxas log) and keep ptxas's -v output
+        with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+            knobs.compilation.always_compile = True
+            knobs.nvidia.dump_ptxas_log = True
+            compiled = triton.compile(source, target=GPUTarget("cuda", target.arch, 32),
+                                      options={"num_warps": config["num_warps"],
+                                               "num_stages": config["num_stages"]})
+    except Exception as exc:  # noqa: BLE001 - a compile error is the finding, recorded with its message
+        report.status, report.message = "error", f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
+        return report
+    finally:
+        report.seconds = time.perf_counter() - start
+    for key, value in _parse_ptxas(log.getvalue()).items():
+        setattr(report, key, value)
+    report.shared = int(compiled.metadata.shared)
+    limit = SMEM_LIMIT.get(target.arch)
+    if limit is not None and report.shared > limit:
+        report.status = "too-much-smem"
+        report.message = f"{report.shared} bytes of shared memory > {limit} allowed per block on sm_{target.arch}"
+    return report
+
+
+def tunable_space() -> list[dict]:
+    """Every combination of the choices in the kernel's ``TUNABLES``."""
+    tunables = _kernel_module().TUNABLES
+    names = list(tunables)
+    return [dict(zip(names, values)) for values in itertools.product(*(tunables[n]["choices"] for n in names))]
+
+
+def shipped_configs(head_dim: int, causal: bool, dtype: str) -> list[dict]:
+    """The configurations the backends launch for a shape: the tuned one, the autotune candidates and the
+    kernel file's defaults (16-bit types); the one fp32 configuration for fp32."""
+    mod = _kernel_module()
+    if dtype == "fp32":
+        return [mod.config_for(head_dim, causal, dtype)]
+    configs = [mod.config_for(head_dim, causal, dtype), *mod.AUTOTUNE_CONFIGS.get(head_dim, []),
+               {k: t["default"] for k, t in mod.TUNABLES.items()}]
+    unique = []
+    for c in configs:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+#: which configurations a sweep compiles per target
+CONFIG_SETS = ("tuned", "shipped", "every")
+
+
+def configs_for(which: str, head_dim: int, causal: bool, dtype: str) -> list[dict]:
+    """``tuned``: the one the ``triton`` backend launches; ``shipped``: every one a backend or the kernel
+    file may launch; ``every``: every combination of the TUNABLES choices."""
+    if which == "tuned":
+        return [_kernel_module().config_for(head_dim, causal, dtype)]
+    if which == "shipped":
+        return shipped_configs(head_dim, causal, dtype)
+    if which == "every":
+        return tunable_space()
+    raise ValueError(f"unknown configuration set {which!r}; use one of {CONFIG_SETS}")
+
+
+def plan(archs: Iterable[int], head_dims: Iterable[int], dtypes: Iterable[str], causals: Iterable[bool],
+         *, configs: str = "shipped") -> Iterator[tuple[Target, dict]]:
+    for arch, d, dt, causal in itertools.product(archs, head_dims, dtypes, causals):
+        for config in configs_for(configs, d, causal, dt):
+            yield Target(arch, d, dt, causal), config
+
+
+def failures(reports: list[CompileReport], *, every_config: bool) -> list[CompileReport]:
+    """Compile errors always fail; a configuration over the shared-memory limit fails only when the
+    backends ship it (in a sweep of every combination it is a finding: that corner cannot launch)."""
+    return [r for r in reports if r.status == "error" or (r.status == "too-much-smem" and not every_config)]
+
+
+def sweep(jobs: Iterable[tuple[Target, dict]]) -> list[CompileReport]:
+    return [compile_one(target, config) for target, config in jobs]
+
+
+def table_rows(reports: list[CompileReport]) -> tuple[tuple[str, ...], list[tuple]]:
+    headers = ("arch", "d", "dtype", "mask", "BLOCK_M", "BLOCK_N", "warps", "stages", "regs", "spill st/ld",
+               "stack", "smem KiB", "s", "status")
+    rows = [(f"sm_{r.arch}", r.head_dim, r.dtype, "causal" if r.causal else "full", r.BLOCK_M, r.BLOCK_N,
+             r.num_warps, r.num_stages, r.registers, "" if r.spill_stores is None else
+             f"{r.spill_stores}/{r.spill_loads}", r.stack, "" if r.shared is None else f"{r.shared / 1024:.0f}",
+             f"{r.seconds:.1f}", r.status if not r.message or r.status == "too-much-smem" else
+             f"{r.status}: {r.message.splitlines()[0][:80]}") for r in reports]
+    return headers, rows

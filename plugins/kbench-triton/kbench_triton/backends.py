@@ -1,0 +1,154 @@
+"""The ``triton`` backends and the ``triton`` kernel-file substrate.
+
+Both hand the harness's device arrays (CuPy on the ``cuda`` device; bf16 stored as uint16) to Triton
+as zero-copy torch views (``kbench_torch.interop.as_torch``); Triton launches on torch's current
+stream, which is CuPy's default stream (the legacy null stream), so the harness's CUDA events bracket
+the kernel. The kernel itself is ``kbench_triton/seeds/triton_attention_seed.py``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kbench.backends import Backend, Tunable
+from kbench.kernelfile import Substrate
+from kbench.ops import Case
+from kbench.ops.attention import softmax_scale
+
+from kbench_triton import runtime
+
+#: the seed module's TUNABLES, mirrored without importing triton (the plugin must import fast);
+#: tests/test_plugin.py asserts both stay equal
+TUNABLE_NAMES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def kernel_module():
+    """The kernel's module (imports triton)."""
+    from kbench_triton.seeds import triton_attention_seed
+
+    return triton_attention_seed
+
+
+def _torch_views(arrays, dtype):
+    from kbench_torch.interop import as_torch
+
+    return [as_torch(a, dtype) for a in arrays]
+
+
+class TritonAttention(Backend):
+    """kbench's own Triton kernel with the per-shape configuration of the seed's ``CONFIGS`` table.
+
+    Settings given to the constructor (``BLOCK_M=...``) override the table for every shape.
+    """
+
+    name = "triton"
+    op = "attention"
+    device = "cuda"
+    description = "kbench's Triton kernel (FlashAttention-2 algorithm), configuration per shape"
+    tunables = {n: Tunable(None, (), f"{n}; None: from the seed's CONFIGS table for the shape")
+                for n in TUNABLE_NAMES}
+
+    def __init__(self, **settings: Any) -> None:
+        unknown = set(settings) - set(TUNABLE_NAMES)
+        if unknown:
+            raise TypeError(f"unknown tunable(s) {sorted(unknown)}; known: {', '.join(TUNABLE_NAMES)}")
+        self.settings = {k: v for k, v in settings.items() if v is not None}
+
+    def available(self) -> str | None:
+        return runtime.unavailable_reason()
+
+    def supports(self, case: Case) -> str | None:
+        return kernel_module().supports(case.params)
+
+    def config(self, case: Case) -> dict[str, int]:
+        config = kernel_module().config_for(case["head_dim"], case["causal"], str(case.dtype))
+        return {**config, **self.settings}
+
+    def _launcher(self, case: Case) -> Callable[..., None]:
+        mod, config = kernel_module(), self.config(case)
+
+        def launch(q, k, v, out, *, causal, scale):
+            mod.attention(q, k, v, out, causal=causal, scale=scale, **config)
+        return launch
+
+    def prepare(self, case: Case):
+        launch = self._launcher(case)
+        causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
+
+        def run(q, k, v, out):
+            launch(*_torch_views((q, k, v, out), dtype), causal=causal, scale=scale)
+        return run
+
+    def info(self) -> dict[str, Any]:
+        return {"triton": runtime.triton_version(), "settings": dict(self.settings),
+                "source": kernel_module().__file__}
+
+
+class TritonAutotunedAttention(TritonAttention):
+    """The same kernel; ``triton.autotune`` picks among the seed's ``AUTOTUNE_CONFIGS`` per shape.
+
+    The autotuner times its candidates on the first call; ``prepare`` makes that call on scratch
+    tensors of the case's shape, so autotuning stays out of the checked and timed calls.
+    """
+
+    name = "triton-autotune"
+    description = "kbench's Triton kernel, configuration chosen by triton.autotune per shape"
+    tunables = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def _launcher(self, case: Case) -> Callable[..., None]:
+        return kernel_module().attention_autotuned
+
+    def prepare(self, case: Case):
+        import torch
+        from kbench_torch.interop import torch_dtype
+
+        run = super().prepare(case)
+        p, dt = case.params, torch_dtype(case.dtype)
+        q = torch.randn(p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"], device="cuda", dtype=dt)
+        k = torch.randn(p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"], device="cuda", dtype=dt)
+        self._launcher(case)(q, k, torch.randn_like(k), torch.empty_like(q), causal=p["causal"],
+                             scale=softmax_scale(case))
+        torch.cuda.synchronize()
+        return run
+
+
+class TritonSubstrate(Substrate):
+    """Kernel files with ``SUBSTRATE = "triton"``: their function receives torch CUDA tensors.
+
+    ``fn(q, k, v, out, *, causal, scale, **tunables)`` writes ``out`` (a torch view of the harness's
+    poisoned buffer) or returns a torch tensor, handed back to the harness as a device array.
+    """
+
+    name = "triton"
+    device = "cuda"
+
+    def available(self) -> str | None:
+        return runtime.unavailable_reason()
+
+    def adapt(self, fn: Callable[..., Any], case: Case, kwargs: dict[str, Any]) -> Callable[..., Any]:
+        dtype = case.dtype
+
+        def run(out, **inputs):
+            tensors = _torch_views((*inputs.values(), out), dtype)
+            result = fn(*tensors, **kwargs)
+            if result is None or result is tensors[-1]:
+                return None
+            return _device_array(result, like=out)
+        return run
+
+
+def _device_array(tensor, *, like):
+    """A torch result as the harness's kind of array: NumPy for CPU tensors (interpreter), else CuPy."""
+    import numpy as np
+    import torch
+
+    if isinstance(like, np.ndarray):
+        host = tensor.detach().cpu()
+        if host.dtype == torch.bfloat16:
+            return host.view(torch.int16).numpy().view(like.dtype)
+        return host.numpy()
+    from kbench_torch.interop import to_device_array
+
+    return to_device_array(tensor)

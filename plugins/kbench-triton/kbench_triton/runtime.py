@@ -1,0 +1,42 @@
+"""Lazy access to Triton and a CUDA build of torch: is the ``triton`` backend usable here, and why not."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except Exception:  # noqa: BLE001 - absent or broken: the reason comes from unavailable_reason()
+        return None
+    return triton.__version__
+
+
+@lru_cache(maxsize=None)
+def unavailable_reason() -> str | None:
+    """``None`` when Triton can launch kernels on a CUDA GPU through torch, else the precise reason."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "TRITON_INTERPRET is set: Triton's interpreter runs kernels on the CPU, for tests, not for timing"
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"triton is not importable: {type(exc).__name__}: {exc}"
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return f"torch is not importable: {type(exc).__name__}: {exc}"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a build without CUDA (Triton launches through a CUDA torch)"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
+    try:
+        from kbench_torch.interop import as_torch  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"kbench-torch's interop is not importable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def environment() -> dict:
+    version = triton_version()
+    return {} if version is None else {"triton": version}

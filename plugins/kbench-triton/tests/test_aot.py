@@ -1,0 +1,102 @@
+"""Ahead-of-time compilation for CUDA targets on this CPU-only machine: the kernel builds for Hopper.
+
+The default run compiles the tuned configuration of every (head_dim, mask) for sm_90 and a few
+more; the sweeps over every shipped configuration, architecture and dtype are marked ``slow``.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("triton")
+
+from kbench_triton import aot  # noqa: E402
+from kbench_triton.backends import kernel_module  # noqa: E402
+
+
+def _assert_launchable(report: aot.CompileReport) -> None:
+    assert report.status == "ok", f"{report}"
+    assert report.registers is not None and 0 < report.registers <= 255, report
+    assert report.spill_stores is not None and report.stack is not None, report
+    assert 0 < report.shared <= aot.SMEM_LIMIT[report.arch], report
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tuned_config_builds_for_sm90(head_dim, causal):
+    config = kernel_module().config_for(head_dim, causal, "bf16")
+    _assert_launchable(aot.compile_one(aot.Target(90, head_dim, "bf16", causal), config))
+
+
+def test_fp32_config_builds_for_sm80():
+    # fp32 products run as 3xTF32 on tensor cores; head_dim 256 (20 s to compile) is in the slow sweep
+    _assert_launchable(aot.compile_one(aot.Target(80, 64, "fp32", True), kernel_module().config_for(64, True, "fp32")))
+
+
+def test_shared_memory_grows_with_the_pipeline_depth():
+    one, three = (aot.compile_one(aot.Target(90, 64, "fp16", False),
+                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=s)) for s in (1, 3))
+    assert one.status == three.status == "ok"
+    assert three.shared > one.shared
+
+
+def test_over_the_limit_is_reported_not_launched():
+    # four stages of 128x128 bf16 K and V tiles: 256 KiB, over sm_80's 163 KiB
+    report = aot.compile_one(aot.Target(80, 128, "bf16", False),
+                             dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4))
+    assert report.status == "too-much-smem" and report.shared > aot.SMEM_LIMIT[80], report
+    assert aot.failures([report], every_config=False) == [report]
+    assert aot.failures([report], every_config=True) == []
+
+
+def test_compile_error_is_reported():
+    # tl.arange needs a power of two: head_dim 96 cannot compile
+    report = aot.compile_one(aot.Target(90, 96, "bf16", False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4,
+                                                                     num_stages=2))
+    assert report.status == "error" and "power of 2" in report.message.lower().replace("two", "2"), report
+    assert aot.failures([report], every_config=True) == [report]
+
+
+def test_supported_archs_include_hopper():
+    assert 90 in aot.supported_archs()
+
+
+def test_command_prints_json_and_exits_0():
+    from click.testing import CliRunner
+
+    from kbench_triton.cli import triton_aot
+
+    result = CliRunner().invoke(triton_aot, ["--arch", "80", "--head-dim", "64,128", "--mask", "causal", "--dtype",
+                                             "fp16", "--configs", "tuned", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(result.output)
+    assert [(r["arch"], r["head_dim"], r["dtype"], r["causal"]) for r in reports] == [(80, 64, "fp16", True),
+                                                                                      (80, 128, "fp16", True)]
+    assert all(r["status"] == "ok" and r["registers"] for r in reports)
+
+
+def test_command_refuses_an_unknown_arch():
+    from click.testing import CliRunner
+
+    from kbench_triton.cli import triton_aot
+
+    result = CliRunner().invoke(triton_aot, ["--arch", "75"])
+    assert result.exit_code == 2 and "sm_75" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", aot.ARCHS)
+def test_every_shipped_config_builds(arch):
+    if arch not in aot.supported_archs():
+        pytest.skip(f"this Triton cannot target sm_{arch}")
+    jobs = list(aot.plan([arch], [64, 128, 256], ["bf16", "fp16", "fp32"], [False, True], configs="shipped"))
+    for report in aot.sweep(jobs):
+        _assert_launchable(report)
+
+
+@pytest.mark.slow
+def test_every_tunable_combination_compiles_for_sm90():
+    jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every"))
+    reports = aot.sweep(jobs)
+    assert not aot.failures(reports, every_config=True), [r for r in reports if r.status == "error"]

@@ -1,0 +1,75 @@
+"""The plugin's contract: registration, lazy imports, reasons for unavailability, one place for tunables."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kbench_triton.backends import TUNABLE_NAMES, TritonAttention
+
+
+def test_plugin_import_does_not_import_triton_or_torch():
+    code = ("import sys, kbench_triton.plugin, kbench_triton.backends, kbench_triton.aot, kbench_triton.cli; "
+            "print(sorted(m for m in ('triton', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_backends_and_substrate_registered(kbench_pm):
+    reg = kbench_pm.registry
+    assert reg.backends["triton"].device == "cuda"
+    assert reg.backends["triton-autotune"].device == "cuda"
+    assert reg.substrates["triton"].device == "cuda"
+    assert reg.owner("backend", "triton") == reg.owner("substrate", "triton")
+
+
+def test_unavailable_with_precise_reason_on_this_machine(kbench_pm):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    reason = kbench_pm.registry.backends["triton"].available()
+    assert reason and ("without CUDA" in reason or "no CUDA GPU" in reason)
+    assert kbench_pm.registry.substrates["triton"].available() == reason
+
+
+def test_tunables_mirror_the_seed():
+    pytest.importorskip("triton")
+    from kbench_triton.backends import kernel_module
+
+    seed = kernel_module()
+    assert tuple(seed.TUNABLES) == TUNABLE_NAMES
+    for (head_dim, causal), config in seed.CONFIGS.items():
+        assert set(config) == set(TUNABLE_NAMES)
+        for name, value in config.items():
+            assert value in seed.TUNABLES[name]["choices"], (head_dim, causal, name, value)
+    for head_dim, configs in seed.AUTOTUNE_CONFIGS.items():
+        for config in configs:
+            assert all(config[n] in seed.TUNABLES[n]["choices"] for n in TUNABLE_NAMES), (head_dim, config)
+
+
+def test_settings_override_the_shape_table(kbench_case):
+    pytest.importorskip("triton")
+    case = kbench_case(seqlen=256, heads=4, head_dim=128, causal=True, dtype="bf16")
+    assert TritonAttention().config(case)["BLOCK_M"] == 128
+    assert TritonAttention(BLOCK_M=64).config(case)["BLOCK_M"] == 64
+    assert TritonAttention().config(kbench_case(seqlen=64, heads=2, head_dim=256, dtype="fp32"))["BLOCK_N"] == 32
+    with pytest.raises(TypeError, match="unknown tunable"):
+        TritonAttention(BLOCK_K=32)
+
+
+def test_unsupported_head_dim_is_a_reason(kbench_case):
+    pytest.importorskip("triton")
+    assert "power of two" in TritonAttention().supports(kbench_case(seqlen=64, heads=2, head_dim=96))
+    assert TritonAttention().supports(kbench_case(seqlen=64, heads=2, head_dim=128)) is None
+
+
+def test_seed_is_a_valid_kernel_file(kbench_pm):
+    pytest.importorskip("triton")
+    from kbench.kernelfile import KernelFileBackend
+    from kbench_triton.backends import kernel_module
+
+    backend = KernelFileBackend(kernel_module().__file__, kbench_pm.registry)
+    assert backend.substrate.name == "triton" and backend.device == "cuda"
+    assert set(backend.tunables) == set(TUNABLE_NAMES)
+    assert backend.settings == {n: t.default for n, t in backend.tunables.items()}

@@ -124,3 +124,26 @@ def test_cli_reports_rate_and_bandwidth(tmp_path, monkeypatch):
     assert "TFLOP/s" in res.output and "GB/s" in res.output and "matmul fp32" in res.output
     stored = json.loads(next(tmp_path.glob("*/calibration.json")).read_text())
     assert set(stored["flops"]) == {"fp32"} and stored["bandwidth"] > 0
+
+
+def test_any_plugins_detection_gets_the_measured_roof_too(doc, tmp_path, monkeypatch):
+    """A datasheet profile from another plugin's detection carries the calibration: both fractions."""
+    import kbench
+    from kbench.hardware import HardwareProfile, roofline_point
+
+    class SheetPlugin:
+        @kbench.hookimpl
+        def kbench_detect_hardware(self, device, registry):
+            return HardwareProfile(name="sheet", title="Sheet", kind="cpu", peak_flops={"fp32": 1e12},
+                                   bandwidth=100e9, capacity=None)
+
+    monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path))
+    save_calibration(doc, calibration_path(CPUDevice()))
+    pm = PluginManager(load_entry_points=False)
+    pm.pm.register(SheetPlugin(), name="sheet-plugin")
+    hw = pm.detect_hardware(pm.registry.device("cpu"))
+    assert hw.name == "sheet" and hw.measured_flops == doc["flops"]
+    m = roofline_point(hw, "fp32", 1e9, 1e8, 0.01)         # intensity 10; 0.1 TFLOP/s attained
+    assert m["roof_basis"] == "datasheet"
+    assert m["datasheet_roof_fraction"] == pytest.approx(1e11 / min(1e12, 100e9 * 10))
+    assert m["measured_roof_fraction"] == pytest.approx(1e11 / min(doc["flops"]["fp32"], doc["bandwidth"] * 10))

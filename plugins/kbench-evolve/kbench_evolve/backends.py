@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from kbench.backends import Tunable
+from kbench.errors import KbenchError
 from kbench.workers import KernelFileRef
 
 from kbench_evolve import source as src
-from kbench_evolve.store import Lineage, Version, list_lineages, workspace_root
+from kbench_evolve.store import Version, list_lineages, workspace_root
 
 
 class EvolvedBackend(KernelFileRef):
@@ -44,15 +45,10 @@ def register_evolved(registry, workspace: Path | None = None) -> None:
         versions = lineage.versions()
         if not versions:
             continue
-        registry.add_backend(EvolvedBackend(f"evolved:{lineage.name}", versions[-1], registry))
-        for v in versions:
-            registry.add_backend(EvolvedBackend(f"evolved:{lineage.name}@{v.label}", v, registry))
-
-
-def lineage_of_backend(name: str) -> tuple[Lineage, Version] | None:  # pragma: no cover - convenience
-    if not name.startswith("evolved:"):
-        return None
-    rest = name[len("evolved:"):]
-    lname, _, ver = rest.partition("@")
-    lin = Lineage.open(workspace_root(), lname)
-    return lin, lin.version(ver or None)
+        for name, v in [(f"evolved:{lineage.name}", versions[-1])] + [
+                (f"evolved:{lineage.name}@{v.label}", v) for v in versions]:
+            try:
+                backend = EvolvedBackend(name, v, registry)
+            except KbenchError:
+                continue  # a damaged version directory must not stop kbench from starting
+            registry.add_backend(backend)

@@ -249,3 +249,19 @@ def test_pooled_repeated_runs_count_run_to_run_variation_as_noise(runner, tmp_pa
     assert pooled[0]["change"] in ("same", "ambiguous") and pooled[0]["noise"] > 0.15
     res = invoke(runner, "compare", f"{b1},{b2}", n1)
     assert "2 runs pooled" in res.output
+
+
+def test_slowable_test_backend_loads_with_p_and_stays_correct(monkeypatch, kbench_check):
+    import slow_backend_plugin
+
+    pm = PluginManager(["slow_backend_plugin"], load_entry_points=False)
+    backend = pm.registry.backends["numpy-slowed"]
+    assert pm.registry.owner("backend", "numpy-slowed") == "slow_backend_plugin"
+    monkeypatch.setenv("KBENCH_TEST_SLOWDOWN", "2")
+    case = pm.registry.op("attention").make_case({"seqlen": 32, "heads": 2, "head_dim": 16, "causal": True})
+    rec = kbench_check(backend, case)
+    assert rec["status"] == "passed", rec.get("reason")       # slower, still the right answer
+    assert rec["backend_info"]["slowdown"] == 2.0
+    monkeypatch.setenv("KBENCH_TEST_SLOWDOWN", "fast")
+    with pytest.raises(BadInput, match="KBENCH_TEST_SLOWDOWN"):
+        slow_backend_plugin.slowdown()

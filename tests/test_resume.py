@@ -1,0 +1,110 @@
+"""Interrupted runs: a killed `kbench run` leaves a valid, incomplete file; --resume finishes only what is missing."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kbench.results import load_result
+
+ARGS = ["run", "suites/smoke.yaml", "-b", "numpy", "-b", "numpy-flash", "-k", "noncausal", "--no-progress",
+        "--format", "csv"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kbench(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "kbench.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def records_in(path):
+    try:
+        return json.loads(path.read_text())["records"]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_after(proc, path, n, sig):
+    """Send ``sig`` once ``path`` holds at least ``n`` records (the run is halfway)."""
+    deadline = time.time() + 120
+    while len(records_in(path)) < n:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, "the run made no progress"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    return proc.returncode
+
+
+def outcome(records):
+    return sorted((r["case_id"], r["backend"], r["status"]) for r in records)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "full.json"
+    proc = kbench(*ARGS, "-o", str(out))
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    data = load_result(out)
+    assert data["complete"] is True and len(data["records"]) == 8
+    return data["records"]
+
+
+@pytest.mark.parametrize("sig, code, why", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                            (signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+                                            (signal.SIGKILL, -9, None)])
+def test_kill_halfway_then_resume_gives_the_same_records(tmp_path, uninterrupted, sig, code, why):
+    out = tmp_path / "r.json"
+    proc = kbench(*ARGS, "-o", str(out))
+    assert kill_after(proc, out, len(uninterrupted) // 2, sig) == code
+    part = load_result(out)  # valid: written atomically record by record
+    assert part["complete"] is False and part.get("interrupted") == why
+    assert 0 < len(part["records"]) < len(uninterrupted)
+    if sig != signal.SIGKILL:
+        assert "kbench run --resume" in proc.stderr.read()
+    for rec in part["records"]:  # no worker outlives the run (its own process group, killed with the parent)
+        pid = (rec.get("worker") or {}).get("pid")
+        if pid:
+            deadline = time.time() + 5
+            while _alive(pid) and time.time() < deadline:
+                time.sleep(0.05)
+            assert not _alive(pid), f"worker {pid} outlived the run"
+
+    resumed = kbench("run", "--resume", str(out))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    done = load_result(out)
+    assert done["complete"] is True
+    assert outcome(done["records"]) == outcome(uninterrupted)
+    # only the missing records ran: the first part is kept as it was
+    assert done["records"][:len(part["records"])] == part["records"]
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_resume_of_a_complete_run_runs_nothing(tmp_path, uninterrupted):
+    from kbench.cli import cli
+    from click.testing import CliRunner
+
+    out = tmp_path / "r.json"
+    assert CliRunner().invoke(cli, [*ARGS, "-o", str(out), "--no-isolate"]).exit_code == 0
+    before = load_result(out)["records"]
+    again = kbench("run", "--resume", str(out))
+    assert again.wait(timeout=120) == 0
+    assert "0 left to run" in again.stderr.read()
+    assert load_result(out)["records"] == before
+
+
+def test_resume_refuses_a_suite_argument(tmp_path):
+    proc = kbench("run", "suites/smoke.yaml", "--resume", str(tmp_path / "x.json"))
+    assert proc.wait(timeout=60) == 2 and "--resume takes the suite" in proc.stderr.read()

@@ -16,7 +16,6 @@ from kbench.results import FORMAT, RESULT_VERSION, validate
 from kbench.stats import summarize
 
 _PM = PluginManager(load_entry_points=False)
-OP = _PM.registry.op("attention")
 
 CPU_MACHINE = {"id": "cpu-test-2c", "device": "cpu", "cpu": "Test CPU", "cores": 2}
 H100 = {"name": "h100-sxm", "title": "NVIDIA H100 SXM", "kind": "gpu", "peak_flops": {"bf16": 989e12, "fp32": 67e12},
@@ -30,9 +29,11 @@ def lognormal(median: float, sigma: float, n: int, seed: int) -> list[float]:
 
 
 def record(backend: str, params: Mapping[str, Any], samples: Iterable[float] | None, *, status: str = "passed",
-           hardware: Mapping[str, Any] | None = None, reason: str | None = None) -> dict[str, Any]:
+           hardware: Mapping[str, Any] | None = None, reason: str | None = None,
+           op: str = "attention") -> dict[str, Any]:
+    OP = _PM.registry.op(op)
     case = OP.make_case(params)
-    rec: dict[str, Any] = {"backend": backend, "op": "attention", "case_id": case.id, "case": case.to_json(),
+    rec: dict[str, Any] = {"backend": backend, "op": op, "case_id": case.id, "case": case.to_json(),
                            "device": "cpu", "status": status, "reason": reason}
     if status == "passed":
         samples = list(samples)

@@ -160,3 +160,20 @@ def test_report_bad_baseline_is_bad_input(runner, tmp_path):
     src = write(tmp_path / "sweep.json", sweep())
     res = runner.invoke(cli, ["report", src, "--baseline", "cudnn", "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 2 and "cudnn" in res.output and "numpy, numpy-flash" in res.output
+
+
+def test_decode_result_splits_query_tokens_into_lines(runner, tmp_path):
+    # decode_attention has no causal parameter and several seqlen_q at one cache length
+    recs = []
+    for i, (sq, sk) in enumerate((sq, sk) for sq in (1, 4) for sk in (1024, 4096)):
+        params = {"seqlen_q": sq, "seqlen_kv": sk, "heads_q": 8, "heads_kv": 2, "head_dim": 64}
+        recs.append(record("numpy", params, lognormal(1e-5 * sk / 1024 * sq, 0.02, 30, i), op="decode_attention"))
+    src = write(tmp_path / "decode.json", result(recs, hardware=H100, name="decode"))
+    out = tmp_path / "r.html"
+    report(runner, src, "-o", out)
+    html = out.read_text()
+    parse(html)
+    svg = html.split('id="throughput"')[1].split("</svg>")[0]
+    assert "head_dim 64" in svg and "causal" not in svg
+    assert "numpy seqlen_q=1" in svg and "numpy seqlen_q=4" in svg
+    assert html.count("decode_attention[b=1,sq=") == 4         # every record in the records table

@@ -20,8 +20,9 @@ STYLE = {"font.family": "sans-serif", "font.size": 9, "axes.titlesize": 10, "axe
          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "svg.fonttype": "none",
          "svg.hashsalt": "kbench"}
 
-#: case parameters that place a point (x axis, panel) rather than name a series
-_PLACED = ("batch", "seqlen_q", "seqlen_kv", "head_dim", "causal")
+#: case parameters that place a point (x axis, panel) rather than name a series; seqlen_q too, unless it
+#: varies at one seqlen_kv (decode: 1, 4, 16 query tokens against one cache length are different lines)
+_PLACED = ("batch", "seqlen_kv", "head_dim", "causal")
 
 
 def colors(series: Sequence[str]) -> dict[str, str]:
@@ -53,22 +54,28 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
     ``rows``: dicts with ``series`` (backend, with the run's label when several runs) and ``rec``.
     Parameters that vary inside a panel besides the placed ones (heads, dtype) split a series.
     """
-    rows = [r for r in _passed(rows) if {"head_dim", "causal", "seqlen_kv"} <= set(r["rec"]["case"])]
+    rows = [r for r in _passed(rows) if {"head_dim", "seqlen_kv"} <= set(r["rec"]["case"])]
     if not rows:
         return None
     panels: dict[tuple, list] = {}
     for r in rows:
         c = r["rec"]["case"]
-        panels.setdefault((c["head_dim"], bool(c["causal"])), []).append(r)
-    keys = sorted(panels)
+        panels.setdefault((c["head_dim"], c.get("causal")), []).append(r)
+    keys = sorted(panels, key=lambda k: (k[0], str(k[1])))
     ncols = 1 if len(keys) == 1 else 2
     nrows = math.ceil(len(keys) / ncols)
     fig = _new_figure(11 if ncols == 2 else 7, 3.6 * nrows + 0.4)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax, key in zip(axes, keys):
         prows = panels[key]
-        varying = [p for p in prows[0]["rec"]["case"] if p not in _PLACED
+        varying = [p for p in prows[0]["rec"]["case"] if p not in _PLACED and p != "seqlen_q"
                    and len({str(r["rec"]["case"].get(p)) for r in prows}) > 1]
+        at_one_length: dict[tuple, set] = {}
+        for r in prows:
+            c = r["rec"]["case"]
+            at_one_length.setdefault((r["series"], c["seqlen_kv"]), set()).add(c.get("seqlen_q"))
+        if any(len(v) > 1 for v in at_one_length.values()):
+            varying.insert(0, "seqlen_q")
         lines: dict[str, list] = {}
         for r in prows:
             extra = ",".join(f"{p}={r['rec']['case'][p]}" for p in varying)
@@ -88,7 +95,8 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
         ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(bottom=0)
-        ax.set_title(f"head_dim {key[0]}, {'causal' if key[1] else 'non-causal'}")
+        mask = "" if key[1] is None else (", causal" if key[1] else ", non-causal")
+        ax.set_title(f"head_dim {key[0]}{mask}")
         ax.set_xlabel("sequence length (keys)")
         ax.set_ylabel("TFLOP/s")
         ax.legend(fontsize=7, frameon=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from kbench.errors import KbenchError
+
 from kbench_evolve import source as src
 from kbench_evolve.llm import tool_schema
 from kbench_evolve.supervisor import Supervisor
@@ -74,6 +76,8 @@ class AgentTools:
             return f"ERROR: arguments are not valid JSON: {exc.msg}"
         except TypeError as exc:
             return f"ERROR: bad arguments for {name}: {exc}"
+        except KbenchError as exc:  # e.g. an unknown version: the model asked for something that is not there
+            return f"ERROR: {exc.message}"
         except (ToolError, src.PatchError, KeyError) as exc:
             return f"ERROR: {exc.args[0] if exc.args else exc}"
 

@@ -52,7 +52,7 @@ def test_agent_commits_through_the_real_tools_despite_errors_and_a_supervisor_re
         {"tool_calls": [call("list_versions"), call("list_knowledge")]},
         {"tool_calls": [call("read_knowledge", name="no-such.md"),
                         call("write_candidate", patch="<<<<<<< SEARCH\nnot in the file\n=======\nx\n>>>>>>> REPLACE"),
-                        call("no_such_tool")]},
+                        call("no_such_tool"), call("read_version", version="v9")]},
         {"tool_calls": [call("write_candidate", source=WRONG_SOURCE), call("check")]},
         {"tool_calls": [call("write_candidate", source=WRONG_SOURCE), call("check")]},  # same again: supervisor
         {"content": "Let me think about tile sizes."},
@@ -76,6 +76,7 @@ def test_agent_commits_through_the_real_tools_despite_errors_and_a_supervisor_re
     assert any(t.startswith("ERROR: no knowledge document") for t in tool_texts)
     assert any("does not occur" in t for t in tool_texts)
     assert any(t.startswith("ERROR: no tool 'no_such_tool'") for t in tool_texts)
+    assert any(t.startswith("ERROR: lineage 't' has no version v9") for t in tool_texts)
     assert any(t.startswith("FAILED") and "relative L2" in t for t in tool_texts)
     assert "PASSED on all 2 cases" in tool_texts
     assert "geomean" in tool_out["benchmark"] and "noncausal" in tool_out["benchmark"]

@@ -23,12 +23,14 @@ def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
     offset = sk - sq
     # (b, hkv, g*sq, d), rows ordered (head in group, token)
     qg = (q.astype(np.float32) * np.float32(scale)).reshape(b, sq, hkv, g, d).transpose(0, 2, 3, 1, 4)
-    qg = np.ascontiguousarray(qg.reshape(b, hkv, g * sq, d))
+    qg = qg.reshape(b, hkv, g * sq, d)
     token = np.tile(np.arange(sq), g)  # query token of each row
     o = np.empty((b, hkv, g * sq, v.shape[-1]), dtype=np.float32)
     for bi in range(b):
         for h in range(hkv):
-            qh = qg[bi, h]
+            # K_block @ Q^T (the tall cache block as the left operand) is what BLAS streams fastest;
+            # the small (n, rows) result is then transposed to rows for the softmax and P V
+            q_t = np.ascontiguousarray(qg[bi, h].T)                      # (d, g*sq)
             m = np.full((g * sq, 1), -np.inf, dtype=np.float32)
             l = np.zeros_like(m)
             acc = np.zeros((g * sq, v.shape[-1]), dtype=np.float32)
@@ -36,7 +38,7 @@ def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
                 k1 = min(k0 + block_kv, sk)
                 kb = k[bi, k0:k1, h].astype(np.float32, copy=False)   # (n, d) view, row stride hkv*d
                 vb = v[bi, k0:k1, h].astype(np.float32, copy=False)
-                s = qh @ kb.T                                          # (g*sq, n)
+                s = np.ascontiguousarray((kb @ q_t).T)                 # (g*sq, n)
                 if k1 - 1 > offset:  # the block reaches the new tokens: mask the future of each row
                     visible = np.arange(k0, k1)[None, :] <= (token + offset)[:, None]
                     s = np.where(visible, s, np.float32(-np.inf))

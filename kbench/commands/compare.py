@@ -37,10 +37,11 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
 
     \b
     Marks (as asv): + slower, - faster, ~ ambiguous (beyond the factor but not
-    significant or inside the noise), ! newly failing, * fixed, x incomparable.
-    A pair is slower/faster only when the ratio of medians is beyond --factor, the
-    Mann-Whitney U test and a bootstrap CI of the ratio agree it is significant, and
-    the change exceeds the runs' own spread.
+    significant, inside the noise, or the fastest samples did not move),
+    ! newly failing, * fixed, x incomparable. A pair is slower/faster only when
+    the ratio of medians is beyond --factor, the Mann-Whitney U test and a
+    bootstrap CI of the ratio agree it is significant, the change exceeds the
+    runs' own spread, and the minimum moved too. See docs/compare.md.
 
     Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
     failing; 2 on bad input (including results from different machines).

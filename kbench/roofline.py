@@ -306,10 +306,14 @@ class RooflineRow:
 
 
 def _compute_peak(hw: HardwareProfile, weights: str) -> float | None:
-    """Matmul roof for weights of this dtype (fp32 weights use tf32 if the device has it)."""
-    if weights == "fp32":
-        return hw.peak("tf32") or hw.peak("fp32")
-    return hw.peak(weights)
+    """Matmul roof for weights of this dtype (fp32 weights use tf32 if the device has it); the
+    datasheet figure, else the calibrated one."""
+    names = ("tf32", "fp32") if weights == "fp32" else (weights,)
+    for peak in (hw.peak, hw.measured_peak):
+        found = next((peak(n) for n in names if peak(n)), None)
+        if found:
+            return found
+    return None
 
 
 def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str = "bf16", kv: str = "bf16",
@@ -325,7 +329,7 @@ def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str =
     kv_tok = kv_bytes_per_token(m, kv)
     kv_req = kv_tok * context
     peak = _compute_peak(hw, weights)
-    bw = hw.bandwidth
+    bw = hw.bandwidth or hw.measured_bandwidth
     cap = hw.capacity * usable if hw.capacity else None
     pre = prefill(m, context, weights, kv)
     dec = decode(m, context, 1, weights, kv)
@@ -347,7 +351,10 @@ def analyze(m: ModelConfig, context: int, hw: HardwareProfile, *, weights: str =
         t_cmp = step.flops / (peak * n_dev) if peak else 0.0
         if max(t_mem, t_cmp) > 0:
             tok_s = on_group / max(t_mem, t_cmp)
-        wall = group_bound = "compute" if t_cmp > t_mem else "bandwidth"
+            wall = group_bound = "compute" if t_cmp > t_mem else "bandwidth"
+        else:
+            wall = "unknown"
+            notes.append(f"{hw.name} has neither a bandwidth nor a {weights} compute figure")
     if n_dev is not None and n_dev > 1:
         wall = "capacity"
     prefill_bound = None if ridge is None else ("compute" if pre.intensity >= ridge else "bandwidth")

@@ -191,3 +191,22 @@ def test_unknown_names_exit_2():
     assert res.exit_code == 2 and "llama-3.1-70b" in res.output
     res = invoke("--model", "llama-3.1-8b", "--hardware", "tpu-v9")
     assert res.exit_code == 2 and "h200" in res.output
+
+
+def test_calibrated_profile_without_datasheet_uses_measured_roofs():
+    from kbench.hardware import HardwareProfile
+
+    cpu = HardwareProfile(name="cpu", title="CPU", kind="cpu", peak_flops={}, bandwidth=None,
+                          capacity=24e9).with_measured({"bf16": 0.06e12}, 16e9, "test")
+    r = analyze(MODELS["llama-3.1-8b"], 8192, cpu)
+    assert r.ridge == pytest.approx(0.06e12 / 16e9)
+    assert r.requests_per_device == math.floor((24e9 - param_count(MODELS["llama-3.1-8b"]).total * 2) / (8192 * 131_072))
+    assert r.wall in ("compute", "bandwidth") and r.decode_tokens_per_s > 0
+
+
+def test_no_figures_at_all_gives_an_unknown_wall():
+    from kbench.hardware import HardwareProfile
+
+    bare = HardwareProfile(name="bare", title="Bare", kind="cpu", peak_flops={}, bandwidth=None, capacity=24e9)
+    r = analyze(MODELS["llama-3.1-8b"], 8192, bare)
+    assert r.wall == "unknown" and r.decode_tokens_per_s is None and "neither" in r.notes

@@ -19,7 +19,8 @@ DEFAULT_CONTEXTS = ("8192", "131072", "1000000")
 @click.option("-c", "--context", "contexts", multiple=True, metavar="TOKENS[,TOKENS]",
               help="Context lengths: 1000000, 128k (x1000), 1M (x10^6), 128Ki (x1024). Default 8192,131072,1000000.")
 @click.option("--hardware", "hardware", multiple=True, metavar="NAME[,NAME]",
-              help="Hardware profiles (repeatable, comma-separated; default: every GPU profile). See `kbench list`.")
+              help="Hardware profiles (repeatable, comma-separated; default: every GPU profile; `this`: this machine "
+                   "as detected, with its calibrated roofs). See `kbench list`.")
 @click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of extra hardware profiles (format of kbench/data/hardware.yaml).")
 @click.option("--weights", "weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
@@ -45,6 +46,11 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
         for m in load_models(path):
             known_models[m.name] = m  # a user file may redefine a built-in model
     known_hw = dict(pm.registry.hardware)
+    if "this" in [n.lower() for n in split_names(hardware)]:
+        from kbench.runner import pick_device
+
+        # this machine as detected, with the roofs `kbench calibrate` measured
+        known_hw["this"] = pm.detect_hardware(pm.registry.device(pick_device(pm, "auto")))
     for path in hardware_files:
         known_hw.update({p.name: p for p in load_profiles(path)})
     names = split_names(models)

@@ -1,0 +1,152 @@
+"""Integrity checks one by one: static rules, degenerate outputs, threads, late work, timed outputs, tampering."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kbench.builtin.numpy_backends import attention_numpy
+from kbench.integrity import IntegritySettings, parent_clock_check, parse_size, static_check
+from kbench.ops.attention import softmax_scale
+from kbench.suite import CheckSettings
+
+REDTEAM = Path(__file__).parent / "redteam"
+
+
+def honest(q, k, v, out, case):
+    attention_numpy(q, k, v, out, causal=case["causal"], scale=softmax_scale(case))
+
+
+def rules(source, **settings):
+    return [(v.rule, v.line) for v in static_check(source, IntegritySettings(**settings))]
+
+
+def test_static_check_finds_forbidden_calls_through_aliases():
+    src = ("import torch.nn.functional as F\nfrom flash_attn import flash_attn_func as fa\n"
+           "def attention(q, k, v, out):\n    out[...] = F.scaled_dot_product_attention(q, k, v)\n    fa(q)\n")
+    found = static_check(src, IntegritySettings())
+    assert {(v.rule, v.line) for v in found} >= {("forbidden_calls", 2), ("forbidden_calls", 4), ("forbidden_calls", 5)}
+    assert "torch.nn.functional.scaled_dot_product_attention" in str(found)
+    # a suite may allow what it wants to compare against
+    assert not rules(src.replace("from flash_attn import flash_attn_func as fa\n", "").replace("    fa(q)\n", ""),
+                     allowed_calls=("torch.nn.functional.scaled_dot_product_attention",))
+
+
+def test_static_check_finds_exec_and_module_state():
+    src = ("import importlib\nCACHE = {}\nTUNABLES = {'b': {'default': 1}}\nimport functools\n"
+           "@functools.lru_cache\ndef f(x, seen=[]):\n    global CACHE\n    return eval(x)\n")
+    found = rules(src)
+    assert ("forbid_exec", 1) in found and ("forbid_exec", 8) in found       # importlib, eval
+    assert ("forbid_module_state", 2) in found                              # CACHE, not TUNABLES
+    assert ("forbid_module_state", 3) not in found
+    assert {("forbid_module_state", 5), ("forbid_module_state", 6), ("forbid_module_state", 7)} <= set(found)
+    assert not rules(src.replace("@functools.lru_cache\n", ""), forbid_exec=False, forbid_module_state=False)
+
+
+def test_static_check_reads_the_harness_as_forbidden_but_not_the_builtin_kernels():
+    assert rules("from kbench.ops.attention import attention_float64\n")[0][0] == "forbidden_calls"
+    assert rules("import kbench.execute\n")[0][0] == "forbidden_calls"
+    assert not rules("from kbench.builtin.numpy_backends import attention_numpy\n")
+    assert not rules((REDTEAM / "honest_numpy.py").read_text())
+    assert rules("def f(:\n") == [("syntax", 1)]
+
+
+def test_settings_from_the_suite():
+    s = IntegritySettings.from_mapping({"memory_limit": "1.5GiB", "extra_forbidden_calls": ["numpy.einsum"],
+                                        "static_checks": "all"})
+    assert s.memory_limit == int(1.5 * 2**30) and "numpy.einsum" in s.forbidden_calls
+    assert "*scaled_dot_product_attention*" in s.forbidden_calls and s.static_applies(trusted=True)
+    assert not IntegritySettings().static_applies(trusted=True) and IntegritySettings().static_applies(trusted=False)
+    assert parse_size("512M") == 512 * 2**20 and parse_size(1000) == 1000 and parse_size(None) is None
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+LOOSE = CheckSettings(seeds=2, max_rows=64, tolerance={"fp32": 5.0})  # KernelBench-style loose bound
+
+
+@pytest.mark.parametrize("fill, reason", [(0.0, "output is constant (0 everywhere)"),
+                                          (1e-3, "output is constant (0.001 everywhere)")])
+def test_constant_outputs_fail_even_under_a_loose_bound(kbench_case, kbench_check, fake_backend, fill, reason):
+    def const(q, k, v, out, case):
+        out[...] = fill
+    rec = kbench_check(fake_backend(const), kbench_case(), check=LOOSE)
+    assert rec["status"] == "failed" and reason in rec["reason"]
+
+
+def test_output_no_better_than_a_constant_fails(kbench_case, kbench_check, fake_backend):
+    def noise(q, k, v, out, case):  # varies, small magnitude, uncorrelated with the answer
+        out[...] = np.random.default_rng(0).standard_normal(out.shape) * 0.1
+    rec = kbench_check(fake_backend(noise), kbench_case(), check=LOOSE)
+    assert rec["status"] == "failed" and "no closer to the reference than a constant" in rec["reason"]
+
+
+def test_honest_kernel_passes_under_the_loose_bound_too(kbench_case, kbench_check, fake_backend):
+    rec = kbench_check(fake_backend(honest), kbench_case(), check=LOOSE)
+    assert rec["status"] == "passed", rec["reason"]
+
+
+def test_thread_per_call_is_caught(kbench_case, kbench_check, fake_backend):
+    def spawn(q, k, v, out, case):
+        honest(q, k, v, out, case)
+        threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()
+    rec = kbench_check(fake_backend(spawn), kbench_case())
+    assert rec["status"] == "failed" and "threads still running" in rec["reason"]
+
+
+def test_wrong_only_when_timed_is_caught(kbench_case, kbench_check, fake_backend):
+    calls = []
+
+    def sly(q, k, v, out, case):  # right for the checked calls, garbage afterwards
+        calls.append(1)
+        if len(calls) <= 2:
+            honest(q, k, v, out, case)
+        else:
+            out[...] = 0.5
+    rec = kbench_check(fake_backend(sly), kbench_case())
+    assert rec["status"] == "failed" and "timed output wrong although the checked calls were right" in rec["reason"]
+
+
+def test_unwritten_when_timed_is_caught(kbench_case, kbench_check, fake_backend):
+    seen = set()
+
+    def once_per_buffer(q, k, v, out, case):  # writes each output buffer once: re-poisoning exposes it
+        if id(out) not in seen:
+            seen.add(id(out))
+            honest(q, k, v, out, case)
+    rec = kbench_check(fake_backend(once_per_buffer), kbench_case())
+    assert rec["status"] == "failed" and "NaN/Inf" in rec["reason"] and "timed" in rec["reason"]
+
+
+def test_timer_patched_in_process_is_caught(kbench_case, kbench_check, fake_backend, monkeypatch):
+    real = time.perf_counter_ns
+    monkeypatch.setattr(time, "perf_counter_ns", real)  # restored after the test whatever happens
+
+    def patcher(q, k, v, out, case):
+        time.perf_counter_ns = lambda: real() // 1000
+        honest(q, k, v, out, case)
+    rec = kbench_check(fake_backend(patcher), kbench_case())
+    assert rec["status"] == "failed" and "harness tampering: time.perf_counter_ns replaced" in rec["reason"]
+
+
+def test_honest_records_list_their_checks(kbench_case, kbench_check, fake_backend):
+    rec = kbench_check(fake_backend(honest), kbench_case(causal=True))
+    assert rec["status"] == "passed"
+    checks = set(rec["integrity"]["checks"])
+    assert {"harness", "threads", "timed_outputs", "late_writes", "cache_ratio", "degenerate_output"} <= checks
+    assert rec["integrity"]["fresh_over_timed"] < 4
+
+
+def test_parent_clock_check():
+    rec = {"status": "passed", "timing": {"samples": [0.5, 0.6]}, "worker_seconds": 2.0}
+    parent_clock_check(rec, 1.0)
+    assert rec["status"] == "failed" and "1.1 s of timed samples" in rec["reason"]
+    rec = {"status": "passed", "timing": {"samples": [0.001]}, "worker_seconds": 0.1}
+    parent_clock_check(rec, 5.0)
+    assert rec["status"] == "failed" and "worker's clock measured 0.1 s" in rec["reason"]
+    rec = {"status": "passed", "timing": {"samples": [0.001]}, "worker_seconds": 0.9}
+    parent_clock_check(rec, 1.0)
+    assert rec["status"] == "passed" and rec["integrity"]["parent_wall"] == 1.0

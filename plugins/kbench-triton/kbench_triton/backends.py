@@ -7,6 +7,7 @@ the kernel. The kernel itself is ``kbench_triton/seeds/triton_attention_seed.py`
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from kbench.backends import Backend, Tunable
@@ -19,6 +20,8 @@ from kbench_triton import runtime
 #: the seed module's TUNABLES, mirrored without importing triton (the plugin must import fast);
 #: tests/test_plugin.py asserts both stay equal
 TUNABLE_NAMES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+#: the kernel's source: the backends' kernel and the evolve plugin's seed genome
+SEED_PATH = Path(__file__).parent / "seeds" / "triton_attention_seed.py"
 
 
 def kernel_module():
@@ -46,6 +49,7 @@ class TritonAttention(Backend):
     description = "kbench's Triton kernel (FlashAttention-2 algorithm), configuration per shape"
     tunables = {n: Tunable(None, (), f"{n}; None: from the seed's CONFIGS table for the shape")
                 for n in TUNABLE_NAMES}
+    source_path = str(SEED_PATH)
 
     def __init__(self, **settings: Any) -> None:
         unknown = set(settings) - set(TUNABLE_NAMES)
@@ -79,8 +83,7 @@ class TritonAttention(Backend):
         return run
 
     def info(self) -> dict[str, Any]:
-        return {"triton": runtime.triton_version(), "settings": dict(self.settings),
-                "source": kernel_module().__file__}
+        return {"triton": runtime.triton_version(), "settings": dict(self.settings), "source": self.source_path}
 
 
 class TritonAutotunedAttention(TritonAttention):

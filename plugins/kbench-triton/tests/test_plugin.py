@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kbench_triton.backends import TUNABLE_NAMES, TritonAttention
+from kbench_triton.backends import SEED_PATH, TUNABLE_NAMES, TritonAttention
 
 
 def test_plugin_import_does_not_import_triton_or_torch():
@@ -38,6 +39,7 @@ def test_tunables_mirror_the_seed():
     from kbench_triton.backends import kernel_module
 
     seed = kernel_module()
+    assert Path(seed.__file__) == SEED_PATH
     assert tuple(seed.TUNABLES) == TUNABLE_NAMES
     for (head_dim, causal), config in seed.CONFIGS.items():
         assert set(config) == set(TUNABLE_NAMES)

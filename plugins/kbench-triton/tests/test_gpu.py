@@ -1,0 +1,50 @@
+"""On a CUDA GPU: the kernel through kbench's own execution path (bf16 included), all entry points.
+
+Skipped here (no GPU): scripts/gpu-check and docs/triton.md say how a GPU session runs them.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kbench_triton import runtime
+
+REASON = runtime.unavailable_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=f"triton backend unavailable: {REASON}")]
+
+CASES = [
+    dict(batch=2, seqlen=1000, heads=4, head_dim=64, causal=False, dtype="bf16"),
+    dict(batch=1, seqlen=777, heads=4, head_dim=128, causal=True, dtype="bf16"),
+    dict(batch=1, seqlen_q=300, seqlen_kv=1000, heads_q=8, heads_kv=2, head_dim=128, causal=True, dtype="bf16"),
+    dict(batch=2, seqlen_q=1000, seqlen_kv=300, heads_q=8, heads_kv=1, head_dim=64, causal=True, dtype="bf16"),
+    dict(batch=1, seqlen=513, heads=2, head_dim=256, causal=True, dtype="bf16"),
+    dict(batch=1, seqlen=500, heads=4, head_dim=128, causal=False, dtype="fp16"),
+    dict(batch=1, seqlen_q=200, seqlen_kv=333, heads_q=4, heads_kv=2, head_dim=64, causal=True, dtype="fp32"),
+    dict(batch=1, seqlen=256, heads=2, head_dim=256, causal=False, dtype="fp32"),
+]
+
+
+def _ids(p):
+    return ",".join(f"{k}={v}" for k, v in p.items())
+
+
+@pytest.mark.parametrize("params", CASES, ids=[_ids(p) for p in CASES])
+def test_triton_backend_passes_kbench_checks(kbench_pm, kbench_case, kbench_check, params):
+    rec = kbench_check(kbench_pm.registry.backends["triton"], kbench_case(**params))
+    assert rec["status"] == "passed", rec.get("reason")
+    assert rec["correctness"]["rel_l2"] <= rec["correctness"]["bound"]
+
+
+def test_autotuned_backend_passes(kbench_pm, kbench_case, kbench_check):
+    rec = kbench_check(kbench_pm.registry.backends["triton-autotune"],
+                       kbench_case(batch=1, seqlen=1024, heads=4, head_dim=128, causal=True, dtype="bf16"))
+    assert rec["status"] == "passed", rec.get("reason")
+
+
+def test_seed_kernel_file_through_the_triton_substrate(kbench_pm, kbench_case, kbench_check):
+    from kbench.kernelfile import KernelFileBackend
+    from kbench_triton.backends import SEED_PATH
+
+    backend = KernelFileBackend(SEED_PATH, kbench_pm.registry)
+    rec = kbench_check(backend, kbench_case(seqlen_q=300, seqlen_kv=700, heads_q=8, heads_kv=2, head_dim=64,
+                                            causal=True, dtype="bf16"))
+    assert rec["status"] == "passed", rec.get("reason")

@@ -41,6 +41,8 @@ def test_tunables_mirror_the_seed():
     seed = kernel_module()
     assert Path(seed.__file__) == SEED_PATH
     assert tuple(seed.TUNABLES) == TUNABLE_NAMES
+    # the evolve plugin's mutate operator steps along the choices from the default
+    assert all(t["default"] in t["choices"] for t in seed.TUNABLES.values())
     for (head_dim, causal), config in seed.CONFIGS.items():
         assert set(config) == set(TUNABLE_NAMES)
         for name, value in config.items():

@@ -29,7 +29,7 @@ OP = "attention"
 
 #: The kernel's knobs: the one place the ``triton`` backend, the AOT check and the evolve plugin's
 #: ``mutate`` operator read them from. None of them changes the result (up to rounding order).
-#: The defaults fit every supported head dim (up to 256) on sm_80, sm_90 and sm_100.
+#: The defaults fit every supported head dim (up to 256) on sm_80, sm_90 and sm_100 for 16-bit inputs.
 TUNABLES = {
     "BLOCK_M": {"default": 64, "choices": [64, 128], "help": "query rows per program"},
     "BLOCK_N": {"default": 64, "choices": [32, 64, 128], "help": "key rows per step of the inner loop"},

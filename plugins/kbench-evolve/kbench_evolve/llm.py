@@ -72,11 +72,11 @@ class LLMClient:
                 response = litellm.completion(**kwargs)
             except transient as exc:
                 last = exc
-                wait = self.backoff * 2 ** attempt
-                self.ctx.echo(f"  ! model call failed ({type(exc).__name__}: {str(exc)[:120]}); "
-                              f"retry {attempt + 1}/{self.retries} in {wait:.0f} s")
                 self._log_error(exc, attempt)
                 if attempt < self.retries:
+                    wait = self.backoff * 2 ** attempt
+                    self.ctx.echo(f"  ! model call failed ({type(exc).__name__}: {str(exc)[:120]}); "
+                                  f"retry {attempt + 1}/{self.retries} in {wait:.0f} s")
                     time.sleep(wait)
                 continue
             except litellm.AuthenticationError as exc:

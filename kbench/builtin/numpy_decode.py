@@ -26,29 +26,33 @@ def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
     qg = qg.reshape(b, hkv, g * sq, d)
     token = np.tile(np.arange(sq), g)  # query token of each row
     o = np.empty((b, hkv, g * sq, v.shape[-1]), dtype=np.float32)
+    rows = g * sq
     for bi in range(b):
-        for h in range(hkv):
-            # K_block @ Q^T (the tall cache block as the left operand) is what BLAS streams fastest;
-            # the small (n, rows) result is then transposed to rows for the softmax and P V
-            q_t = np.ascontiguousarray(qg[bi, h].T)                      # (d, g*sq)
-            m = np.full((g * sq, 1), -np.inf, dtype=np.float32)
-            l = np.zeros_like(m)
-            acc = np.zeros((g * sq, v.shape[-1]), dtype=np.float32)
-            for k0 in range(0, sk, block_kv):
-                k1 = min(k0 + block_kv, sk)
-                kb = k[bi, k0:k1, h].astype(np.float32, copy=False)   # (n, d) view, row stride hkv*d
-                vb = v[bi, k0:k1, h].astype(np.float32, copy=False)
-                s = np.ascontiguousarray((kb @ q_t).T)                 # (g*sq, n)
-                if k1 - 1 > offset:  # the block reaches the new tokens: mask the future of each row
-                    visible = np.arange(k0, k1)[None, :] <= (token + offset)[:, None]
+        # K_block @ Q^T (the tall cache block as the left operand) is what BLAS streams fastest;
+        # the small (n, rows) result is then transposed to rows for the softmax and P V
+        q_t = [np.ascontiguousarray(qg[bi, h].T) for h in range(hkv)]    # (d, rows) per KV head
+        m = np.full((hkv, rows, 1), -np.inf, dtype=np.float32)
+        l = np.zeros_like(m)
+        acc = np.zeros((hkv, rows, v.shape[-1]), dtype=np.float32)
+        for k0 in range(0, sk, block_kv):
+            k1 = min(k0 + block_kv, sk)
+            # one contiguous conversion per block for all heads (bf16/fp16 -> fp32; a view for fp32)
+            kblk = k[bi, k0:k1].astype(np.float32, copy=False)             # (n, hkv, d)
+            vblk = v[bi, k0:k1].astype(np.float32, copy=False)
+            visible = None
+            if k1 - 1 > offset:  # the block reaches the new tokens: mask the future of each row
+                visible = np.arange(k0, k1)[None, :] <= (token + offset)[:, None]
+            for h in range(hkv):
+                s = np.ascontiguousarray((kblk[:, h] @ q_t[h]).T)          # (rows, n)
+                if visible is not None:
                     s = np.where(visible, s, np.float32(-np.inf))
-                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+                m_new = np.maximum(m[h], s.max(axis=-1, keepdims=True))
                 p = np.exp(s - m_new)
-                alpha = np.exp(m - m_new)  # m starts at -inf: exp(-inf) = 0, and every row sees key 0
-                l = l * alpha + p.sum(axis=-1, keepdims=True)
-                acc = acc * alpha + p @ vb
-                m = m_new
-            o[bi, h] = acc / l
+                alpha = np.exp(m[h] - m_new)  # m starts at -inf: exp(-inf) = 0, and every row sees key 0
+                l[h] = l[h] * alpha + p.sum(axis=-1, keepdims=True)
+                acc[h] = acc[h] * alpha + p @ vblk[:, h]
+                m[h] = m_new
+        o[bi] = acc / l
     out[...] = o.reshape(b, hkv, g, sq, -1).transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, -1)
 
 

@@ -9,7 +9,7 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -267,13 +267,39 @@ def fresh_probe(ctx: ExecContext, case: Case, kernel, watch: ThreadWatch) -> lis
     return durations
 
 
-def _cache_check(ctx: ExecContext, fresh: list[float], median: float) -> dict[str, Any]:
+def _interleaved_probe(ctx: ExecContext, case: Case, kernel, watch: ThreadWatch, rounds: int = 4) -> tuple[float, float]:
+    """Fresh and repeated inputs called alternately, so a burst of machine load hits both alike.
+
+    Returns (fastest fresh call, fastest repeated call, first repeat excluded).
+    """
+    make = lambda seed: ({k: ctx.device.from_host(v) for k, v in ctx.cache.host_inputs(ctx.op, case, seed).items()},
+                         ctx.device.poisoned(ctx.op.output_shape(case), case.dtype))
+    fixed_inputs, fixed_out = make(case_seed(case, 1000))
+    fresh_sets = [make(case_seed(case, 3000 + r)) for r in range(rounds)]
+    fresh, repeated = [], []
+    _call(ctx, kernel, fixed_inputs, fixed_out, watch)
+    for dev, out in fresh_sets:
+        ctx.device.before_sample()
+        fresh.append(_call(ctx, kernel, dev, out, watch)[1])
+        ctx.device.before_sample()
+        repeated.append(_call(ctx, kernel, fixed_inputs, fixed_out, watch)[1])
+    return min(fresh), min(repeated)
+
+
+def _cache_check(ctx: ExecContext, fresh: list[float], median: float,
+                 confirm: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """Timed calls much faster than calls on fresh inputs: results cached, or work skipped on repeats."""
     info: dict[str, Any] = {"fresh_call": min(fresh) if fresh else None, "timed_median": median}
     if not fresh or median <= 0:
         return info
     ratio = min(fresh) / median
     info["fresh_over_timed"] = ratio
+    if ctx.integrity.cache_ratio and ratio > ctx.integrity.cache_ratio and confirm is not None:
+        # a suspicion: confirm it with fresh and repeated calls interleaved before failing anyone
+        fresh_min, repeated_min = confirm()
+        ratio = fresh_min / repeated_min if repeated_min > 0 else ratio
+        info["fresh_over_repeated"] = ratio
+        fresh, median = [fresh_min], repeated_min
     if ctx.integrity.cache_ratio and ratio > ctx.integrity.cache_ratio:
         raise CheckFailed(f"timed calls are {ratio:.1f}x faster than the same kernel on fresh inputs "
                           f"({median:.3g} s vs {min(fresh):.3g} s; limit {ctx.integrity.cache_ratio:g}x): "
@@ -347,7 +373,7 @@ def _execute(ctx: ExecContext, backend: Backend, case: Case, rec: dict[str, Any]
     rec["stats"] = stats
     fresh = fresh_probe(ctx, case, kernel, watch) if ctx.integrity.cache_ratio else []
     _verify_harness(ctx, snapshot, "during the fresh-input calls")
-    integrity.update(_cache_check(ctx, fresh, stats["median"]))
+    integrity.update(_cache_check(ctx, fresh, stats["median"], lambda: _interleaved_probe(ctx, case, kernel, watch)))
     integrity["threads"] = {"python": watch.max_seen[0], "native": watch.max_seen[1]}
     integrity["checks"] += (["harness"] if snapshot else []) + (["threads"] if watch.enabled else []) + \
         (["timed_outputs"] if ctx.integrity.verify_timed_outputs else []) + \

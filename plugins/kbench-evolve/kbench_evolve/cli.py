@@ -109,7 +109,7 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
 
     lineage = _lineage(workspace, name)
     old = lineage.load_state()
-    if old and old.get("status") in ("running", "paused") and not restart:
+    if old and old.get("status") in ("running", "paused", "interrupted") and not restart:
         raise BadInput(f"lineage {name!r} has an unfinished {old['operator']} run ({old['status']})",
                        fix=f"continue it with `kbench evolve resume {name}`, or start over with --restart")
     cls = operator_registry(pm).get(operator)

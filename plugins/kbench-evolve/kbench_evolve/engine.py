@@ -236,7 +236,8 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
     """Run (or continue) the operator run described by ``state``; returns its final status.
 
     Statuses: ``finished`` (all iterations done), ``budget`` (a budget ran out), ``paused`` (the
-    model was unreachable; resume later), ``stalled`` (the operator had nothing left to try).
+    model was unreachable; resume later), ``stalled`` (the operator had nothing left to try); a
+    Ctrl-C or SIGTERM leaves ``interrupted`` and re-raises. All but ``finished`` can be resumed.
     """
     from kbench_evolve.operators import operator_registry
 
@@ -270,6 +271,11 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
             echo(f"paused: {exc}; the lineage is intact, continue with `kbench evolve resume {lineage.name}`")
             status = "paused"
             break
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into RunInterrupted by the runner
+            state["status"] = "interrupted"
+            ctx.save()
+            echo(f"interrupted; continue with `kbench evolve resume {lineage.name}`")
+            raise
         echo(f"  = {summary}")
         spent.iterations += 1
         spent.steps = 0

@@ -12,6 +12,10 @@ from kbench_evolve.llm import tool_schema
 from kbench_evolve.supervisor import Supervisor
 
 
+#: characters of one tool result sent back to the model
+MAX_RESULT = 20_000
+
+
 class ToolError(Exception):
     """A tool refused its arguments; the message goes back to the model."""
 
@@ -65,6 +69,12 @@ class AgentTools:
         return [schema for _, schema in self.table.values()]
 
     def call(self, name: str, arguments: str | None) -> str:
+        text = self._call(name, arguments)
+        if len(text) > MAX_RESULT:  # keep one tool result from flooding the model's context
+            text = text[:MAX_RESULT] + f"\n[... {len(text) - MAX_RESULT} more characters cut]"
+        return text
+
+    def _call(self, name: str, arguments: str | None) -> str:
         if name not in self.table:
             return f"ERROR: no tool {name!r}; tools: {', '.join(self.table)}"
         try:

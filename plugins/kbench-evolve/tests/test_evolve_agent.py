@@ -17,7 +17,7 @@ from kbench_evolve.knowledge import KnowledgeBase
 from kbench_evolve.replay import MODEL, install_script
 from kbench_evolve.store import Lineage, read_jsonl
 
-from conftest import bad_seed_source, write_script
+from evolve_testlib import bad_seed_source, write_script
 
 GOOD_PATCH = ('<<<<<<< SEARCH\n    "block_q": {"default": 8,\n=======\n    "block_q": {"default": 64,\n>>>>>>> REPLACE\n'
               '<<<<<<< SEARCH\n    "block_k": {"default": 8,\n=======\n    "block_k": {"default": 64,\n>>>>>>> REPLACE')

@@ -9,7 +9,7 @@ from kbench_evolve import source as src
 from kbench_evolve.fitness import speedup_interval
 from kbench_evolve.store import Lineage, read_jsonl
 
-from conftest import bad_seed_source
+from evolve_testlib import bad_seed_source
 
 
 def test_commit_numbers_versions_and_champion_is_newest(tmp_path):

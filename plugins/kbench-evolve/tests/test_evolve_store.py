@@ -93,3 +93,29 @@ def test_knowledge_base_ships_notes_and_takes_user_folders(tmp_path, monkeypatch
     kb = KnowledgeBase()
     assert kb.title("my-gpu.md") == "Our cluster" and kb.read("avo-optimisations.md") == "# replaced\n"
     assert "- my-gpu.md: Our cluster" in kb.index()
+
+
+def test_supervisor_redirects_on_each_signal_with_a_new_direction_each_time():
+    from kbench_evolve.supervisor import DIRECTIONS, Supervisor
+
+    state: dict = {}
+    sup = Supervisor(state, stall_steps=3, repeat_limit=2, failure_limit=2)
+    sup.on_candidate("aaa")
+    assert sup.check() is None
+    sup.on_candidate("aaa")
+    first = sup.check()
+    assert first.startswith("SUPERVISOR: the same candidate (aaa)") and DIRECTIONS[0] in first
+    assert sup.check() is None  # each signal is reported once, then reset
+    sup.on_correctness(False)
+    sup.on_correctness(False)
+    second = sup.check()
+    assert "2 correctness failures in a row" in second and DIRECTIONS[1] in second
+    for _ in range(3):
+        sup.on_step()
+    third = sup.check()
+    assert "3 steps without a commit" in third and DIRECTIONS[2] in third
+    sup.on_step()
+    sup.on_commit()
+    assert sup.check() is None
+    # the counters live in the run state, so a resumed run continues them
+    assert Supervisor(state).interventions == sup.interventions and len(sup.interventions) == 3

@@ -119,3 +119,17 @@ def test_supervisor_redirects_on_each_signal_with_a_new_direction_each_time():
     assert sup.check() is None
     # the counters live in the run state, so a resumed run continues them
     assert Supervisor(state).interventions == sup.interventions and len(sup.interventions) == 3
+
+
+def test_agent_context_compaction_elides_oldest_tool_results_only():
+    from kbench_evolve.operators.agent import compact
+
+    msgs = [{"role": "system", "content": "s" * 100}, {"role": "user", "content": "brief"}]
+    for i in range(10):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}"}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "name": "read_version", "content": "x" * 1000})
+    n = compact(msgs, limit=6000, keep_last=4)
+    assert n == 5  # 10 x 1000 chars of results; elided oldest-first until under 6000
+    assert msgs[3]["content"].startswith("[elided: 1000 characters of an older read_version")
+    assert msgs[-1]["content"] == "x" * 1000 and msgs[0]["content"] == "s" * 100
+    assert sum(1 for m in msgs if m.get("role") == "tool") == 10  # pairing kept

@@ -7,7 +7,6 @@ every variation is appended to ``trajectories/<id>.jsonl``.
 """
 from __future__ import annotations
 
-import json
 import time
 
 from kbench_evolve.operators import Operator
@@ -90,6 +89,7 @@ class AgentOperator(Operator):
                 return f"no commit in {ctx.spent.steps} steps (step budget)"
             ctx.step()
             sup.on_step()
+            compact(messages, int(opts.get("context_chars", CONTEXT_CHARS)))
             reply = client.complete(messages, tools.schemas())
             add(reply)
             ctx.save()
@@ -104,6 +104,30 @@ class AgentOperator(Operator):
                 ctx.save()
 
 
+#: characters of conversation kept verbatim before old tool results are elided (~50k tokens)
+CONTEXT_CHARS = 200_000
+
+
+def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
+    """Elide the oldest tool results until the conversation fits ``limit`` characters.
+
+    The system prompt, the brief, every assistant turn and the last ``keep_last`` messages stay
+    whole (tool-call/result pairing is preserved); the full transcript stays in the trajectory file.
+    Returns the number of results elided.
+    """
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    elided = 0
+    for m in messages[2:max(2, len(messages) - keep_last)]:
+        if size <= limit:
+            break
+        text = str(m.get("content") or "")
+        if m.get("role") == "tool" and not text.startswith("[elided"):
+            m["content"] = f"[elided: {len(text)} characters of an older {m.get('name')} result]"
+            size -= len(text) - len(m["content"])
+            elided += 1
+    return elided
+
+
 def _pending_calls(messages: list[dict]) -> list[dict]:
     """Tool calls of the last assistant message that have no tool result yet."""
     for i in range(len(messages) - 1, -1, -1):
@@ -114,5 +138,3 @@ def _pending_calls(messages: list[dict]) -> list[dict]:
     return []
 
 
-def dumps(obj) -> str:  # pragma: no cover - debugging aid
-    return json.dumps(obj, indent=1, default=str)

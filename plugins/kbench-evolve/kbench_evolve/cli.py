@@ -199,11 +199,12 @@ def log_command(name, attempts, workspace):
         click.echo("    " + "  ".join(f"{_short(c)}={s:.4g}" for c, s in sorted((m.get("scores") or {}).items())))
         click.echo("")
     tried = lineage.attempts()
-    rejected = [a for a in tried if a.get("outcome") == "rejected"]
-    click.echo(f"{len(versions)} versions, {len(rejected)} rejected attempts (see --attempts)")
+    rejected = [a for a in tried if a.get("outcome") in ("rejected", "abandoned")]
+    click.echo(f"{len(versions)} versions, {len(rejected)} rejected or abandoned attempts (see --attempts)")
     if attempts:
         for a in rejected:
-            click.echo(f"  {a.get('time')} {a.get('operator'):7s} {a.get('sha', '')[:8]}  {a.get('reason', '')[:140]}")
+            click.echo(f"  {a.get('time')} {a.get('operator'):7s} {a.get('sha', '')[:8]} {a['outcome']:9s} "
+                       f"{a.get('reason', '')[:140]}")
 
 
 def _short(case_id: str) -> str:

@@ -170,7 +170,7 @@ class VariationContext:
 
     def attempted(self, sha: str) -> dict[str, Any] | None:
         for a in self.lineage.attempts():
-            if a.get("sha") == sha:
+            if a.get("sha") == sha and a.get("outcome") in ("rejected", "committed"):
                 return a
         return None
 
@@ -205,7 +205,12 @@ class VariationContext:
         if screen.geomean < champion.geomean * 0.9:
             return fail(f"slower on screening: geomean {screen.geomean:.4g} vs champion {champion.geomean:.4g} "
                         f"TFLOP/s", scores=screen.zeroed(), result_file=screen.result_file)
-        self._bench_call()
+        try:
+            self._bench_call()
+        except BudgetExhausted as exc:  # measured once, no decision: logged, and tried again on resume
+            self.lineage.log_attempt({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
+                                      "scores": screen.zeroed(), "result_file": screen.result_file})
+            raise
         self.spent.bench_calls += 2 * self.evaluator.rounds - 2  # the screening run is the duel's first B
         decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()), first=screen)
         self.save()

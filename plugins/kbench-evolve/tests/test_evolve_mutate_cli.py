@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -107,3 +108,18 @@ def test_operators_come_from_the_hook_and_duplicates_name_both_plugins(pm):
     pm._kbench_evolve_operators = None
     with pytest.raises(PluginError, match="'evolve'.*'thirdparty'"):
         operator_registry(pm)
+
+
+def test_bench_call_and_wall_time_budgets_stop_mutate_cleanly(pm, lineage):
+    from kbench_evolve.engine import Budget, make_state, run_evolution
+
+    state = make_state("mutate", Budget(iterations=5, max_steps=5, max_bench_calls=1), {"rounds": 1})
+    assert run_evolution(pm, lineage, state, device="cpu", echo=lambda s: None) == "budget"
+    assert state["spent"]["bench_calls"] == 1 and [v.label for v in lineage.versions()] == ["v1"]
+    seed, candidate = lineage.attempts()  # the seed, and the one candidate the budget allowed
+    assert candidate["outcome"] in ("rejected", "abandoned") and candidate["operator"] == "mutate"
+
+    state = make_state("mutate", Budget(iterations=5, max_time=0.001), {"rounds": 1})
+    time.sleep(0.01)
+    assert run_evolution(pm, lineage, state, device="cpu", echo=lambda s: None) == "budget"
+    assert state["spent"]["bench_calls"] == 0

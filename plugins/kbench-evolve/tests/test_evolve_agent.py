@@ -165,3 +165,7 @@ def test_llm_operator_retries_a_malformed_patch_then_commits(pm, lineage, tmp_pa
     assert v2.meta["operator"] == "llm" and v2.meta["rationale"] == "64x64 tiles cut loop overhead"
     rejected = [a for a in lineage.attempts() if a.get("outcome") == "rejected"]
     assert rejected and rejected[0]["reason"].startswith("bad patch")
+    traj = trajectory(lineage)
+    prompt = traj[0]["content"]  # lineage, champion source and the knowledge base went into the prompt
+    assert "Champion v1 source" in prompt and "branchless" in prompt.lower() and "def attention(" in prompt
+    assert [m["role"] for m in traj] == ["user", "assistant", "assistant"]

@@ -3,8 +3,11 @@ the knowledge base and answers with SEARCH/REPLACE blocks; the patched kernel is
 A malformed patch costs a step and is retried with the error shown to the model."""
 from __future__ import annotations
 
+import time
+
 from kbench_evolve import source as src
 from kbench_evolve.operators import Operator
+from kbench_evolve.store import append_jsonl
 
 PROMPT = """You improve an attention kernel of an evolutionary lineage. Fitness: TFLOP/s per case measured by the
 harness, all zero if any case is wrong; a change is kept only if correct everywhere and faster beyond noise.
@@ -59,9 +62,12 @@ class LLMRewriteOperator(Operator):
         client = LLMClient(ctx, **{k: self.options[k] for k in ("model", "api_base", "timeout", "retries", "backoff")
                                    if self.options.get(k) is not None})
         messages = [{"role": "user", "content": self.prompt(ctx)}]
+        trajectory = ctx.lineage.scratch("trajectories") / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.jsonl"
+        append_jsonl(trajectory, messages[0])
         while ctx.steps_left() > 0:
             ctx.step()
             reply = client.complete(messages)
+            append_jsonl(trajectory, reply)
             text = reply.get("content") or ""
             rationale = next((line.split(":", 1)[1].strip() for line in text.splitlines()
                               if line.upper().startswith("RATIONALE:")), "llm rewrite")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import pprint
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -44,17 +43,30 @@ def tunables(source: str) -> dict[str, dict[str, Any]]:
 
 
 def with_tunables(source: str, settings: dict[str, Any]) -> str:
-    """``source`` with the defaults of TUNABLES set to ``settings`` (the rest of the text untouched)."""
+    """``source`` with the defaults of TUNABLES set to ``settings``; only those literals change, so
+    the file keeps its formatting and a diff shows exactly the values that moved."""
     found = _literal_assignments(source).get("TUNABLES")
-    if not found:
+    if not found or not isinstance(found[0].value, ast.Dict):
         raise BadInput("kernel declares no literal TUNABLES", fix='add TUNABLES = {"block_q": {"default": 64, ...}}')
-    node, value = found
-    new = {k: {**spec, "default": settings.get(k, spec["default"])} for k, spec in value.items()}
-    lines = source.splitlines(keepends=True)
-    start = sum(len(x) for x in lines[:node.lineno - 1]) + node.col_offset
-    end = sum(len(x) for x in lines[:node.end_lineno - 1]) + node.end_col_offset
-    text = "TUNABLES = " + pprint.pformat(new, sort_dicts=False, width=100)
-    return source[:start] + text + source[end:]
+    offsets = [0]
+    for line in source.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(line))
+
+    def span(node: ast.AST) -> tuple[int, int]:
+        return offsets[node.lineno - 1] + node.col_offset, offsets[node.end_lineno - 1] + node.end_col_offset
+
+    edits = []
+    for key, spec in zip(found[0].value.keys, found[0].value.values):
+        name = ast.literal_eval(key) if key is not None else None
+        if name not in settings or not isinstance(spec, ast.Dict):
+            continue
+        for k, v in zip(spec.keys, spec.values):
+            if k is not None and ast.literal_eval(k) == "default":
+                edits.append((*span(v), repr(settings[name])))
+    out = source
+    for a, b, text in sorted(edits, reverse=True):
+        out = out[:a] + text + out[b:]
+    return out
 
 
 def check_syntax(source: str) -> str | None:

@@ -202,12 +202,19 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | No
     done = {(r["case_id"], r["backend"]) for r in existing}
     writer = ResultWriter(planned.output, run_header(pm, planned), existing)
     pool = None
-    if executor is None:
-        from kbench.workers import WorkerPool
-
-        pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout)
-        executor = pool
     todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
+    if executor is None:
+        from kbench.workers import MAX_WORKERS, WorkerPool
+
+        untrusted = sum(not b.trusted for b in planned.backends)
+        pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout,
+                          max_workers=min(MAX_WORKERS, max(8, untrusted + 1)))
+        executor = pool
+        if untrusted + 1 > pool.max_workers:
+            # more untrusted backends than live workers: case-major order would restart a worker per record,
+            # so each untrusted backend runs all its cases in a row (after the trusted ones)
+            order = {b.name: i for i, b in enumerate(planned.backends)}
+            todo.sort(key=lambda cb: (0, 0) if cb[1].trusted else (1, order[cb[1].name]))
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:

@@ -51,6 +51,7 @@ SECRET_PATTERNS: tuple[str, ...] = (
 
 STDERR_TAIL = 4000           # characters of a worker's output kept for a record
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
+MAX_WORKERS = 32             # live workers at most (about 110 MB of memory each when idle)
 
 
 def default_case_timeout(timing: TimingSettings) -> float:
@@ -509,7 +510,8 @@ class WorkerPool:
                            file_size_limit=integ.file_size_limit if sandbox else None)
 
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]:
-        if backend.trusted and not self.isolate:
+        if (backend.trusted and not self.isolate) or backend.device != self.ctx.device.name:
+            # in-process; a backend of another device is skipped by execute() before any of its code runs
             return execute(self.ctx, backend, case)
         if not backend.trusted:
             static = static_failure(self.ctx.integrity, backend)

@@ -195,3 +195,21 @@ def test_kernel_file_is_not_imported_in_the_parent(tmp_path, kbench_pm):
     planned = plan_run(kbench_pm, RunRequest(suite=suite_from_data(SUITE), device="cpu", kernel_files=[str(path)],
                                              output=tmp_path / "r.json"))
     assert [b.name for b in planned.backends] == ["sneaky"] and not marker.exists()
+
+
+def test_more_untrusted_backends_than_workers_run_backend_by_backend(tmp_path, monkeypatch):
+    import kbench.workers
+
+    monkeypatch.setattr(kbench.workers, "MAX_WORKERS", 2)
+    files = []
+    for i in range(3):
+        files.append(tmp_path / f"honest{i}.py")
+        files[-1].write_text((REDTEAM / "honest_numpy.py").read_text())
+    recs = run(tmp_path, patterns=["numpy"], files=files)
+    assert len(recs) == 8 and all(r["status"] == "passed" for r in recs)
+    order = [r["backend"] for r in recs]
+    assert order[:2] == ["numpy", "numpy"]  # trusted first, case-major
+    for name in ("file:honest0", "file:honest1", "file:honest2"):  # then each untrusted backend in a row
+        at = [i for i, b in enumerate(order) if b == name]
+        assert at == list(range(at[0], at[0] + 2))
+        assert len({recs[i]["worker"]["pid"] for i in at}) == 1  # one worker for all its cases: no eviction

@@ -21,10 +21,10 @@ from typing import Iterable, Iterator
 #: "Technical Specifications per Compute Capability": 163 KB on 8.0, 227 KB on 9.0 and 10.0).
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
 ARCHS = (80, 90, 100)
+#: kbench's dtype names, which are also Triton's signature types
 DTYPES = ("bf16", "fp16", "fp32")
-TRITON_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
-#: kernel arguments that are plain integers (strides and sizes); pointers and constexprs are named below
+#: the kernel's pointer and constexpr arguments; the others are int32 sizes and strides, and qk_scale
 _POINTERS = ("Q", "K", "V", "O")
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION")
 
@@ -74,7 +74,7 @@ def signature(dtype: str) -> dict[str, str]:
     sig = {}
     for name in kernel.arg_names:
         if name in _POINTERS:
-            sig[name] = "*" + TRITON_DTYPE[dtype]
+            sig[name] = "*" + dtype
         elif name in _CONSTEXPRS:
             sig[name] = "constexpr"
         elif name == "qk_scale":

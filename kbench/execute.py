@@ -275,12 +275,21 @@ def _interleaved_probe(ctx: ExecContext, case: Case, kernel, watch: ThreadWatch,
     make = lambda seed: ({k: ctx.device.from_host(v) for k, v in ctx.cache.host_inputs(ctx.op, case, seed).items()},
                          ctx.device.poisoned(ctx.op.output_shape(case), case.dtype))
     fixed_inputs, fixed_out = make(case_seed(case, 1000))
-    fresh_sets = [make(case_seed(case, 3000 + r)) for r in range(rounds)]
+    seeds = [case_seed(case, 3000 + r) for r in range(rounds)]
+    fresh_sets = [make(seed) for seed in seeds]
     fresh, repeated = [], []
     _call(ctx, kernel, fixed_inputs, fixed_out, watch)
-    for dev, out in fresh_sets:
+    for seed, (dev, out) in zip(seeds, fresh_sets):
         ctx.device.before_sample()
-        fresh.append(_call(ctx, kernel, dev, out, watch)[1])
+        result, seconds = _call(ctx, kernel, dev, out, watch)
+        fresh.append(seconds)
+        # verified like every other fresh call: new arrays may sit at the addresses of freed ones, and
+        # a cache keyed by address would answer them fast and stale, hiding itself from the ratio
+        try:
+            _compare(ctx, case, np.asarray(check_output(ctx, case, result, out, dev)), seed,
+                     "a call on fresh inputs after timing")
+        except CheckFailed as exc:
+            raise CheckFailed(f"stale or wrong result on fresh inputs after timing: {exc.args[0]}") from None
         ctx.device.before_sample()
         repeated.append(_call(ctx, kernel, fixed_inputs, fixed_out, watch)[1])
     return min(fresh), min(repeated)

@@ -147,3 +147,25 @@ def test_cached_result_keyed_by_input_identity_fails(kbench_case, kbench_check, 
         out[...] = cache[key]
     rec = kbench_check(fake_backend(cached), kbench_case())
     assert rec["status"] == "failed" and "trial 1" in rec["reason"]
+
+
+def test_interleaved_cache_confirmation_verifies_fresh_answers(kbench_pm, kbench_case):
+    """A cache keyed by address answers new arrays at reused addresses fast and stale: the confirmation
+    step must check those answers, not just time them (otherwise the cache hides from the ratio)."""
+    from kbench.execute import CheckFailed, ExecContext, _interleaved_probe
+    from kbench.integrity import ThreadWatch
+    from kbench.testing import TEST_CHECK, TEST_TIMING
+
+    case = kbench_case(seqlen=16)
+    answer = {}
+
+    def stale_after_first(q, k, v, out):
+        if "first" not in answer:
+            honest(q, k, v, out, case)
+            answer["first"] = out.copy()
+        out[...] = answer["first"]
+
+    dev = kbench_pm.registry.device("cpu")
+    ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=dev, check=TEST_CHECK, timing=TEST_TIMING)
+    with pytest.raises(CheckFailed, match="stale or wrong result on fresh inputs"):
+        _interleaved_probe(ctx, case, stale_after_first, ThreadWatch())

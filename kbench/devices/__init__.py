@@ -36,6 +36,10 @@ class Device(ABC):
     def poisoned(self, shape: tuple[int, ...], dtype: DType) -> Any:
         """A fresh output buffer filled with NaN, so unwritten elements are caught."""
 
+    def repoison(self, array: Any) -> None:
+        """Fill an existing output buffer with NaN again, in place (before each timed sample)."""
+        array[...] = float("nan")
+
     def synchronize(self) -> None:
         """Wait until all work queued on the device is done."""
 

@@ -159,6 +159,13 @@ class CudaDevice(Device):
             return cp.full(shape, runtime.BF16_NAN_BITS, dtype=cp.uint16)
         return cp.full(shape, cp.nan, dtype=dtype.numpy)
 
+    def repoison(self, array: Any) -> None:
+        cp = self._cp()
+        if isinstance(array, cp.ndarray) and array.dtype == cp.uint16:  # bf16 is held as its bit pattern
+            array.fill(runtime.BF16_NAN_BITS)
+        else:
+            super().repoison(array)
+
     def fingerprint(self, array: Any) -> str:
         """A content hash computed on the GPU: host hashing of 16k-token inputs would dominate a run."""
         cp = self._cp()

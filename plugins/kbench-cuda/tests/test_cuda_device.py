@@ -140,6 +140,10 @@ def test_round_trip_and_poison(dtype):
     assert dev.fingerprint(arr) != before
     poison = dev.to_host(dev.poisoned((5,), dtype))
     assert poison.dtype == dtype.numpy and np.isnan(poison.astype(np.float32)).all()
+    written = dev.from_host(np.ones(5, dtype=dtype.numpy))
+    dev.repoison(written)  # bf16 is held as uint16: a float NaN assignment would write 0
+    again = dev.to_host(written)
+    assert again.dtype == dtype.numpy and np.isnan(again.astype(np.float32)).all()
 
 
 @pytest.mark.gpu

@@ -268,14 +268,17 @@ def child_main(fd: int) -> None:
     backends: dict[str, Backend] = {}
     while True:
         try:
-            msg = conn.recv()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        # the job's clock starts when its bytes arrive: unpickling a backend may import its plugin's
+        # libraries (seconds for torch), which the parent's clock sees too
+        t0 = time.perf_counter()
+        msg = pickle.loads(raw)
         if msg[0] != "run":
             return
         _, spec, case, cpu_seconds = msg
         _set_cpu_budget(cpu_seconds)
-        t0 = time.perf_counter()
         try:
             if spec.key not in backends:
                 backends[spec.key] = build_backend(spec, reg, scratch)

@@ -69,11 +69,12 @@ def main() -> None:
               f"median sample {med['median'] * 1e3:.2f} ms, IQR/median {med['rel_spread']:.2%}, "
               f"rel. SE {med['rel_se']:.2%}, stop: {', '.join(sorted({r['stop'] for r in runs}))}")
     runs = [smoke_run() for _ in range(args.repeats)]
+    walls = ", ".join(f"{r['wall']:.2f}" for r in runs)
     wall = statistics.median(r["wall"] for r in runs)
     timed = statistics.median(r["timed"] for r in runs)
     print(f"\nkbench run suites/smoke.yaml ({runs[0]['records']} records): process wall {wall:.2f} s, "
           f"timed samples {timed:.2f} s ({timed / wall:.0%}); medians of {args.repeats} runs "
-          f"(walls: {', '.join(f'{r['wall']:.2f}' for r in runs)})")
+          f"(walls: {walls})")
 
 
 if __name__ == "__main__":

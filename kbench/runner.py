@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
-import os
 import platform
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from kbench import __version__
 from kbench.backends import Backend
 from kbench.enums import Status
 from kbench.errors import BadInput
-from kbench.execute import ExecContext, base_record, execute
+from kbench.execute import ExecContext, base_record
 from kbench.integrity import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager

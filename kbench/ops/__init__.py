@@ -60,6 +60,8 @@ class Op(ABC):
     parameters: tuple[Param, ...] = ()
     #: one name that sets several parameters at once, e.g. ``seqlen`` -> seqlen_q and seqlen_kv
     aliases: Mapping[str, tuple[str, ...]] = {}
+    #: a parameter that defaults to another one's value when not given, e.g. heads_kv -> heads_q (MHA)
+    default_from: Mapping[str, str] = {}
     #: the names of the arrays the backend receives, in call order
     input_names: tuple[str, ...] = ()
 
@@ -80,6 +82,9 @@ class Op(ABC):
             else:
                 names = sorted(list(known) + list(self.aliases))
                 raise CaseError(f"unknown parameter {key!r} for op {self.name!r}; known: {', '.join(names)}")
+        for target, source in self.default_from.items():
+            if target not in params and source in params:
+                params[target] = params[source]
         resolved: dict[str, Any] = {}
         for p in self.parameters:
             if p.name not in params:

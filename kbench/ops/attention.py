@@ -67,14 +67,8 @@ class AttentionOp(Op):
         Param("dtype", str, "fp32", choices=tuple(d.value for d in DType)),
     )
     aliases = {"seqlen": ("seqlen_q", "seqlen_kv"), "heads": ("heads_q", "heads_kv")}
+    default_from = {"heads_kv": "heads_q"}  # MHA unless heads_kv is given
     input_names = ("q", "k", "v")
-
-    def make_case(self, raw: Mapping[str, Any]) -> Case:
-        raw = dict(raw)
-        # heads_kv defaults to heads_q (MHA) when only heads_q is given
-        if "heads_q" in raw and "heads_kv" not in raw and "heads" not in raw:
-            raw["heads_kv"] = raw["heads_q"]
-        return super().make_case(raw)
 
     def validate(self, params: Mapping[str, Any]) -> None:
         if params["heads_q"] % params["heads_kv"]:

@@ -33,13 +33,8 @@ class DecodeAttentionOp(Op):
         *(_ATTENTION_PARAMS[n] for n in ("seqlen_kv", "heads_q", "heads_kv", "head_dim", "dtype")),
     )
     aliases = {"heads": ("heads_q", "heads_kv")}
+    default_from = {"heads_kv": "heads_q"}  # MHA unless heads_kv is given
     input_names = ("q", "k", "v")
-
-    def make_case(self, raw: Mapping[str, Any]) -> Case:
-        raw = dict(raw)
-        if "heads_q" in raw and "heads_kv" not in raw and "heads" not in raw:
-            raw["heads_kv"] = raw["heads_q"]
-        return super().make_case(raw)
 
     def validate(self, params: Mapping[str, Any]) -> None:
         if params["seqlen_q"] > MAX_QUERY_TOKENS:

@@ -2,7 +2,6 @@
 tool errors, rate limits, timeouts, a supervisor intervention, budgets, an outage, a kill and resume."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from kbench.cli import cli
 from kbench_evolve.engine import Budget, make_state, run_evolution
 from kbench_evolve.knowledge import KnowledgeBase
 from kbench_evolve.replay import MODEL, install_script
-from kbench_evolve.store import Lineage, read_jsonl
+from kbench_evolve.store import read_jsonl
 
 from evolve_testlib import bad_seed_source, write_script
 

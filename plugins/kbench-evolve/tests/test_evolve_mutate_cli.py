@@ -10,7 +10,6 @@ from click.testing import CliRunner
 from kbench.cli import cli
 from kbench.errors import PluginError
 from kbench_evolve import source as src
-from kbench_evolve.store import Lineage
 
 
 def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspace):
@@ -21,7 +20,9 @@ def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspac
     assert len(versions) == 2, res.output
     v1, v2 = versions
     assert v2.meta["operator"] == "mutate" and v2.meta["parent"] == 1
-    assert v2.geomean > v1.geomean
+    # the stored geomeans were measured minutes apart under whatever load there was: the commit rests on the
+    # interleaved re-measurement, whose bootstrap interval must lie above 1
+    assert v2.geomean > 0
     d = v2.meta["decision"]
     assert d["commit"] and d["ci"][0] > 1.0  # beat the re-measured champion beyond noise
     before = {k: s["default"] for k, s in src.tunables(v1.source).items()}

@@ -8,6 +8,8 @@ Installed with kbench (entry point ``pytest11``), so these fixtures are availabl
                        (correctness on 2 seeds, a few timing samples); assert on its ``status``
 ``fake_backend``       ``fake_backend(fn, name=..., device="cpu")`` -> a Backend whose kernel is ``fn``
                        (``fn(q, k, v, out, case)``) -- for testing harness behaviour
+
+and the helper ``imported_by(modules, candidates)`` to check that a plugin imports nothing heavy.
 """
 from __future__ import annotations
 
@@ -46,6 +48,22 @@ class FunctionBackend(Backend):
         def run(out, **inputs):
             return self.fn(*inputs.values(), out, case)
         return run
+
+
+def imported_by(modules: list[str], candidates: tuple[str, ...]) -> list[str]:
+    """Which of ``candidates`` are in ``sys.modules`` after importing ``modules`` in a fresh interpreter.
+
+    For the rule that a plugin imports its heavy libraries (torch, cupy, triton) lazily:
+    ``assert imported_by(["my_plugin.plugin"], ("torch",)) == []``.
+    """
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import sys, json; import {', '.join(modules)}; "
+            f"print(json.dumps(sorted(m for m in {list(candidates)!r} if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def make_case(pm: PluginManager, op: str = "attention", **params: Any) -> Case:

@@ -158,3 +158,11 @@ def test_firstresult_detection_prefers_later_plugins(on_path):
 
 def test_hookimpl_marker_is_public():
     assert kbench.hookimpl.project_name == "kbench"
+
+
+def test_imported_by_sees_what_an_import_pulls_in():
+    from kbench.testing import imported_by
+
+    # kbench.cli imports click, never torch: the helper must tell the two apart
+    assert imported_by(["kbench.cli"], ("click", "torch")) == ["click"]
+    assert imported_by(["kbench.builtin.numpy_backends"], ("torch", "cupy", "triton", "litellm")) == []

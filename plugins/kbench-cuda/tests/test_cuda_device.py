@@ -1,13 +1,12 @@
 """kbench-cuda on any machine: light import, honest unavailability, NVML decoding; GPU checks marked."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from kbench.enums import DType
+from kbench.testing import imported_by
 from kbench_cuda import nvml, runtime
 from kbench_cuda.device import CudaDevice, memory_span
 
@@ -17,10 +16,7 @@ no_gpu = pytest.mark.skipif(GPU_REASON is None, reason="a CUDA GPU is usable her
 
 
 def test_plugin_import_does_not_import_cupy_or_nvml():
-    code = ("import sys, kbench_cuda.plugin; "
-            "print(sorted(m for m in ('cupy', 'pynvml', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert imported_by(["kbench_cuda.plugin"], ("cupy", "pynvml", "torch")) == []
 
 
 def test_plugin_registers_device_backend_substrate(kbench_pm):

@@ -2,14 +2,13 @@
 declared support limits of the CUDA backends; GPU runs marked ``gpu`` and skipped without one."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from kbench.ops.attention import causal_mask
+from kbench.testing import imported_by
 from kbench_torch.common import torch_cuda_unavailable
 from kbench_torch.sdpa import TorchSDPA, bottom_right_mask, cuda_backends, mask_kind
 
@@ -21,10 +20,7 @@ THIS_ISSUE = ("torch-sdpa", "torch-sdpa-flash", "torch-sdpa-efficient", "torch-s
 
 
 def test_plugin_import_does_not_import_torch():
-    code = ("import sys, kbench_torch.plugin; "
-            "print(sorted(m for m in ('torch', 'cupy', 'cudnn', 'flash_attn') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert imported_by(["kbench_torch.plugin"], ("torch", "cupy", "cudnn", "flash_attn")) == []
 
 
 def test_every_backend_is_registered_with_a_status(kbench_pm):

@@ -1,20 +1,17 @@
 """The plugin's contract: registration, lazy imports, reasons for unavailability, one place for tunables."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from kbench.testing import imported_by
 from kbench_triton.backends import SEED_PATH, TUNABLE_NAMES, TritonAttention
 
 
 def test_plugin_import_does_not_import_triton_or_torch():
-    code = ("import sys, kbench_triton.plugin, kbench_triton.backends, kbench_triton.aot, kbench_triton.cli; "
-            "print(sorted(m for m in ('triton', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    modules = ["kbench_triton.plugin", "kbench_triton.backends", "kbench_triton.aot", "kbench_triton.cli"]
+    assert imported_by(modules, ("triton", "torch")) == []
 
 
 def test_backends_and_substrate_registered(kbench_pm):

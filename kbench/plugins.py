@@ -1,13 +1,22 @@
 """Plugin discovery and the plugin manager.
 
-Order: the core's default plugins, then entry points in group ``kbench``, then modules named by
-``-p MODULE`` or ``KBENCH_PLUGINS`` (comma separated). ``KBENCH_DISABLE_PLUGINS`` (comma separated)
-blocks plugins by entry-point name or module name.
+Order: the core's default plugins, then entry points in group ``kbench`` (by entry-point name),
+then modules named by ``-p MODULE`` or ``KBENCH_PLUGINS`` (comma separated). Registration hooks run
+in that order, so a duplicate name is blamed on the later plugin. ``KBENCH_DISABLE_PLUGINS`` (comma
+separated) blocks plugins by entry-point name or module name.
+
+Mistakes that would otherwise pass in silence are reported: a plugin module without any
+``@kbench.hookimpl`` (a :class:`PluginWarning`), and entry points in a group that looks like a typo
+of ``kbench`` (a warning, and listed by :func:`plugin_report`).
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import os
+import re
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Iterable
@@ -29,6 +38,10 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 )
 
 ENTRY_POINT_GROUP = "kbench"
+
+
+class PluginWarning(UserWarning):
+    """A plugin that loads but will not do what its author meant (no hooks, a mistyped group)."""
 
 REGISTRATION_HOOKS = (
     "kbench_register_ops",
@@ -80,6 +93,11 @@ class PluginManager:
         self.registry = Registry(manager=self)
         for hook in REGISTRATION_HOOKS:
             self.call_each(hook, registry=self.registry)
+        if load_entry_points:
+            for ep in misplaced_entry_points():
+                warnings.warn(f"entry point {ep.name} = {ep.value} ({ep.where}) is in group {ep.group!r}, which "
+                              f"kbench does not read: it is not loaded (the group is {ENTRY_POINT_GROUP!r})",
+                              PluginWarning, stacklevel=2)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -105,6 +123,8 @@ class PluginManager:
             raise PluginError(f"plugin {name!r} ({module}) does not match the kbench hook specs: {exc}",
                               fix="compare its hook names and arguments with kbench.hookspecs") from exc
         self.infos.append(PluginInfo(name, module, source))
+        if not self.pm.get_hookcallers(plugin):
+            warnings.warn(no_hooks_message(name, module, plugin), PluginWarning, stacklevel=3)
 
     # -- calling -------------------------------------------------------------------------------
 
@@ -115,7 +135,7 @@ class PluginManager:
         attribute every name to its plugin and the error for a duplicate names both.
         """
         caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):  # pluggy keeps LIFO order; we want FIFO
+        for impl in registration_order(caller.get_hookimpls()):
             self.registry.current_plugin = impl.plugin_name
             args = {k: v for k, v in kwargs.items() if k in impl.argnames}
             try:
@@ -141,6 +161,84 @@ class PluginManager:
 
     def detect_hardware(self, device):
         return self.pm.hook.kbench_detect_hardware(device=device, registry=self.registry)
+
+
+def registration_order(impls: list) -> list:
+    """Hook implementations in the documented order: registration order (first registered first),
+    ``tryfirst`` ones before and ``trylast`` ones after.
+
+    ``get_hookimpls()`` lists them as pluggy stores them: trylast, then the others, then tryfirst,
+    each group in registration order (pluggy *calls* that list from the end, LIFO).
+    """
+    plain = [i for i in impls if not i.tryfirst and not i.trylast and not i.hookwrapper]
+    return ([i for i in impls if i.tryfirst and not i.hookwrapper] + plain
+            + [i for i in impls if i.trylast and not i.hookwrapper])
+
+
+def no_hooks_message(name: str, module: str, plugin: Any) -> str:
+    """What to say about a plugin module that implements no hook, naming the likely cause."""
+    unmarked = sorted(n for n, fn in inspect.getmembers(plugin, callable) if n.startswith("kbench_"))
+    if unmarked:
+        return (f"plugin {name!r} ({module}) implements no kbench hook: {', '.join(unmarked)} "
+                f"{'is' if len(unmarked) == 1 else 'are'} not decorated with @kbench.hookimpl, so kbench ignores "
+                f"{'it' if len(unmarked) == 1 else 'them'}")
+    return (f"plugin {name!r} ({module}) implements no kbench hook: it registers nothing (does the entry point "
+            f"name the module holding the @kbench.hookimpl functions, e.g. your_package.plugin?)")
+
+
+@dataclass(frozen=True)
+class FoundEntryPoint:
+    group: str
+    name: str
+    value: str
+    where: str       # "distribution NAME VERSION"
+
+
+def _normalised(group: str) -> str:
+    return re.sub(r"[\s_.\-]+", "", group.lower())
+
+
+def looks_like_kbench_group(group: str) -> bool:
+    """``kbench.plugins``, ``kbench-plugins``, ``Kbench``, ``kbnech``: a typo of the group ``kbench``.
+
+    A plugin's own sub-groups (``kbench_evolve.operators``) are not: they name more than a plugin list.
+    """
+    if group == ENTRY_POINT_GROUP:
+        return False
+    norm = _normalised(group)
+    if norm in ("kbench", "kbenchplugin", "kbenchplugins", "kbenchbackends", "kbenchbackend"):
+        return True
+    return difflib.SequenceMatcher(None, group.lower(), ENTRY_POINT_GROUP).ratio() >= 0.8
+
+
+def misplaced_entry_points() -> list[FoundEntryPoint]:
+    """Entry points of every installed distribution whose group looks like a typo of ``kbench``."""
+    found = set()
+    for dist in metadata.distributions():
+        for ep in dist.entry_points:
+            if looks_like_kbench_group(ep.group):
+                found.add(FoundEntryPoint(ep.group, ep.name, ep.value, f"distribution {dist.name} {dist.version}"))
+    return sorted(found, key=lambda e: (e.group, e.name, e.where))
+
+
+def plugin_report(pm: PluginManager) -> dict[str, Any]:
+    """What was found where, for ``kbench list --plugins``.
+
+    ``plugins``: each loaded plugin in registration order with where it came from, the hooks it
+    implements and what it registered; ``misplaced``: entry points in a group that looks like a typo
+    of ``kbench`` (not loaded); ``disabled``: the names in ``KBENCH_DISABLE_PLUGINS``.
+    """
+    plugins = []
+    for info in pm.infos:
+        plugin = pm.pm.get_plugin(info.name)
+        hooks = sorted({caller.name for caller in pm.pm.get_hookcallers(plugin) or []})
+        registered = {kind: sorted(name for (k, name), owner in pm.registry.owners.items()
+                                   if k == kind and owner == info.name)
+                      for kind in ("op", "device", "substrate", "backend", "hardware")}
+        plugins.append({"name": info.name, "module": info.module, "source": info.source, "hooks": hooks,
+                        "registered": {k: v for k, v in registered.items() if v}})
+    return {"group": ENTRY_POINT_GROUP, "plugins": plugins,
+            "misplaced": [vars(ep) for ep in misplaced_entry_points()], "disabled": sorted(pm.disabled)}
 
 
 _cached: dict[tuple, PluginManager] = {}

@@ -1,11 +1,16 @@
 """The registry handed to registration hooks: ops, devices, backends, substrates, hardware profiles."""
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import inspect
+import re
+import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from kbench.errors import BadInput, PluginError
+from kbench.selection import BackendPattern
 
 if TYPE_CHECKING:
     from kbench.backends import Backend
@@ -14,7 +19,16 @@ if TYPE_CHECKING:
     from kbench.kernelfile import Substrate
     from kbench.ops import Op
 
+#: what plugins register, each with its ``add_<kind>`` method and its table (``registry.<kind>s``,
+#: ``registry.hardware``); ``owner(kind, name)`` says which plugin registered a name
 KINDS = ("op", "device", "backend", "substrate", "hardware")
+
+#: device names are lowercase words (``cpu``, ``cuda``): ``"CPU"`` is a typo, not a new device
+_DEVICE_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
+
+
+class RegistrationWarning(UserWarning):
+    """Something a plugin registered that is allowed but probably not what its author meant."""
 
 
 @dataclass
@@ -52,7 +66,44 @@ class Registry:
         self._add("device", self.devices, device.name, device)
 
     def add_backend(self, backend: Backend) -> None:
+        """Register a backend; its ``op`` must be registered and its ``device`` a lowercase name.
+
+        Ops and devices register before backends (hook order), so an unknown op here is a typo.
+        An unknown but well-formed device warns instead: its plugin may simply not be installed
+        (kbench-torch's CUDA backends without kbench-cuda), and such records are skipped.
+        """
+        from kbench.backends import Backend
+
+        if not isinstance(backend, Backend):
+            raise PluginError(f"plugin {self.current_plugin!r} passed {type(backend).__name__} to add_backend",
+                              fix="register an instance of a subclass of kbench.api.Backend")
+        self._check_backend(backend)
         self._add("backend", self.backends, backend.name, backend)
+        backend.registered_by = self.current_plugin
+
+    def _check_backend(self, backend: Backend) -> None:
+        who = f"plugin {self.current_plugin!r}, backend {backend.name!r}"
+        if not isinstance(backend.name, str) or not backend.name or "[" in backend.name:
+            raise PluginError(f"plugin {self.current_plugin!r} registered a backend named {backend.name!r}",
+                              fix="give the backend a non-empty string `name` without brackets "
+                                  "(brackets are for settings: name[key=value])")
+        if backend.op not in self.ops:
+            raise PluginError(f"{who}: unknown op {backend.op!r}{_did_you_mean(backend.op, self.ops)}",
+                              fix=f"set `op` to one of: {', '.join(sorted(self.ops))}")
+        if backend.device not in self.devices:
+            known = ", ".join(sorted(self.devices))
+            if not isinstance(backend.device, str) or not _DEVICE_NAME.match(backend.device):
+                raise PluginError(f"{who}: device {backend.device!r} is not a device name"
+                                  f"{_did_you_mean(str(backend.device).lower(), self.devices)}",
+                                  fix=f"device names are lowercase; known devices: {known}")
+            warnings.warn(f"{who}: device {backend.device!r} is not registered by any plugin (known: {known}); "
+                          "its records will be skipped until a plugin provides that device",
+                          RegistrationWarning, stacklevel=3)
+        for method in ("available", "supports"):
+            returns = inspect.signature(getattr(type(backend), method)).return_annotation
+            if returns in (bool, "bool"):
+                raise PluginError(f"{who}: {method}() is declared to return bool",
+                                  fix=f"{method}() returns None for yes and a reason string for no")
 
     def add_substrate(self, substrate: Substrate) -> None:
         self._add("substrate", self.substrates, substrate.name, substrate)
@@ -78,12 +129,54 @@ class Registry:
             raise BadInput(f"unknown device {name!r}",
                            fix=f"use one of: {', '.join(sorted(self.devices))} or auto") from None
 
-    def select_backends(self, op: str, patterns: list[str]) -> list[Backend]:
-        """Backends of ``op`` matching the fnmatch ``patterns``; a leading ``!`` excludes."""
-        mine = [b for b in self.backends.values() if b.op == op]
-        include = [p for p in patterns if not p.startswith("!")] or ["*"]
-        exclude = [p[1:] for p in patterns if p.startswith("!")]
-        chosen = [b for b in mine
-                  if any(fnmatch.fnmatchcase(b.name, p) for p in include)
-                  and not any(fnmatch.fnmatchcase(b.name, p) for p in exclude)]
-        return sorted(chosen, key=lambda b: b.name)
+    def resolve(self, name: str) -> Backend:
+        """The backend called ``name``: a registered one, or ``base[key=value,...]`` configured.
+
+        This is how a worker (or anything holding only a record's backend name) rebuilds a
+        configured backend: ``resolve("numpy-flash[block_q=64]").name == "numpy-flash[block_q=64]"``.
+        """
+        if name in self.backends:
+            return self.backends[name]
+        pattern = BackendPattern.parse(name, where=None)
+        if pattern.pattern not in self.backends:
+            raise BadInput(f"unknown backend {pattern.pattern!r}{_did_you_mean(pattern.pattern, self.backends)}",
+                           fix="load its plugin through an entry point, -p or KBENCH_PLUGINS; "
+                               "`kbench list` shows the registered backends")
+        return self.backends[pattern.pattern].configure(dict(pattern.settings))
+
+    def select_backends(self, op: str, patterns: Iterable[str | BackendPattern]) -> list[Backend]:
+        """Backends of ``op`` matching ``patterns`` (fnmatch over names; a leading ``!`` excludes).
+
+        A pattern with settings (``numpy-flash[block_q=64]``) configures every backend it matches;
+        several settings of one backend are separate backends. An exclusion without settings
+        removes every setting of the backends it matches; with settings, that exact one.
+        """
+        parsed = [p if isinstance(p, BackendPattern) else BackendPattern.parse(p) for p in patterns]
+        mine = sorted((b for b in self.backends.values() if b.op == op), key=lambda b: b.name)
+        include = [p for p in parsed if not p.exclude] or [BackendPattern("*")]
+        chosen: dict[str, Backend] = {}
+        for pattern in include:
+            matched = [b for b in mine if fnmatch.fnmatchcase(b.name, pattern.pattern)]
+            if pattern.settings and not matched:
+                raise BadInput(f"no backend of op {op!r} matches {pattern.pattern!r}"
+                               f"{_did_you_mean(pattern.pattern, [b.name for b in mine])}",
+                               file=pattern.file, where=pattern.where,
+                               fix=f"known backends: {', '.join(b.name for b in mine)}")
+            for backend in matched:
+                configured = backend.configure(dict(pattern.settings), file=pattern.file, where=pattern.where)
+                chosen.setdefault(configured.name, configured)
+        for pattern in (p for p in parsed if p.exclude):
+            for name, backend in list(chosen.items()):
+                base = backend.base_name or backend.name
+                if pattern.settings:
+                    if fnmatch.fnmatchcase(base, pattern.pattern) and \
+                            name == backend.configure(dict(pattern.settings)).name:
+                        del chosen[name]
+                elif fnmatch.fnmatchcase(base, pattern.pattern):
+                    del chosen[name]
+        return sorted(chosen.values(), key=lambda b: b.base_name or b.name)  # stable: settings in given order
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,7 +1,10 @@
-"""``-k EXPR``: pytest-style keyword expressions over a record's backend name and case id."""
+"""Selection of what runs: ``-k EXPR`` keyword expressions, and ``-b`` / suite backend patterns with settings."""
 from __future__ import annotations
 
 import re
+from typing import Any, Callable, Mapping
+
+import yaml
 
 from kbench.errors import BadInput
 
@@ -46,3 +49,94 @@ class Keyword:
 
 #: words that are whole fields of case ids and would otherwise match inside longer words
 _FIELD_WORDS = {"causal"}
+
+
+# --------------------------------------------------------------------------------------------
+# backend patterns with settings: ``-b 'numpy-flash[block_q=64]'`` and suite entries
+# ``- {name: numpy-flash, tunables: {block_q: 64}}``
+
+#: ``NAME[key=value,...]``: a body with ``=`` is settings; ``numpy-[ab]*`` stays an fnmatch class
+_SETTINGS = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<body>[^\[\]]*=[^\[\]]*)\]$")
+
+
+class BackendPattern(str):
+    """One entry of a backend selection: an fnmatch pattern over backend names, maybe with settings.
+
+    It is the string one would type after ``-b`` (so it compares equal to it) and carries the
+    parsed parts: ``settings`` are applied to every backend the pattern matches (validated by
+    :meth:`kbench.backends.Backend.configure`); ``file`` and ``where`` say where the entry was
+    written, for messages.
+    """
+
+    pattern: str
+    settings: tuple[tuple[str, Any], ...]
+    exclude: bool
+    file: str | None
+    where: str | None
+
+    def __new__(cls, pattern: str, settings: tuple[tuple[str, Any], ...] = (), exclude: bool = False,
+                file: str | None = None, where: str | None = None) -> BackendPattern:
+        head = ("!" if exclude else "") + pattern
+        self = super().__new__(cls, f"{head}[{format_settings(dict(settings))}]" if settings else head)
+        self.pattern, self.settings, self.exclude, self.file, self.where = pattern, tuple(settings), exclude, file, where
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return (self.pattern, self.settings, self.exclude, self.file, self.where)
+
+    @classmethod
+    def parse(cls, text: str, *, file: str | None = None, where: str | None = "-b") -> BackendPattern:
+        """``numpy-flash``, ``!numpy*``, ``numpy-flash[block_q=64,block_k=32]``."""
+        if isinstance(text, BackendPattern):
+            return text
+        text = text.strip()
+        exclude = text.startswith("!")
+        body = text[1:] if exclude else text
+        match = _SETTINGS.match(body)
+        if not match:
+            return cls(body, (), exclude, file, where)
+        settings = []
+        for part in (p.strip() for p in match["body"].split(",")):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise BadInput(f"cannot read the setting {part!r} in {text!r}", file=file, where=where,
+                               fix="write settings as NAME[key=value,key=value], e.g. numpy-flash[block_q=64]")
+            settings.append((key.strip(), parse_value(value.strip())))
+        return cls(match["base"].strip(), tuple(settings), exclude, file, where)
+
+    @classmethod
+    def from_entry(cls, entry: str | Mapping[str, Any], *, file: str | None = None,
+                   where: str | None = None) -> BackendPattern:
+        """A suite's ``backends:`` entry: a pattern string, or ``{name: ..., tunables: {...}}``."""
+        if isinstance(entry, str):
+            return cls.parse(entry, file=file, where=where)
+        base = cls.parse(str(entry["name"]), file=file, where=where)
+        extra = tuple((str(k), v) for k, v in (entry.get("tunables") or {}).items())
+        return cls(base.pattern, base.settings + extra, base.exclude, file, where)
+
+
+def parse_value(text: str) -> Any:
+    """A setting's value as YAML reads it: ``64`` -> 64, ``true`` -> True, ``fast`` -> 'fast'."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, str, bool)) or value is None else text
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def format_settings(settings: Mapping[str, Any]) -> str:
+    """``block_q=64,block_k=32``: the part between brackets of a configured backend's name."""
+    return ",".join(f"{k}={format_value(v)}" for k, v in settings.items())
+
+
+def backend_entries(entries: list[Any], *, file: str | None = None,
+                    where: Callable[[tuple], str] | None = None, place: tuple = ("backends",)) -> list[BackendPattern]:
+    """A suite's ``backends:`` list as patterns, each knowing its file and line for messages."""
+    return [BackendPattern.from_entry(e, file=file, where=where(place + (i,)) if where else None)
+            for i, e in enumerate(entries)]

@@ -13,6 +13,7 @@ import jsonschema
 
 from kbench.errors import BadInput
 from kbench.ops import Case, CaseError, Op
+from kbench.selection import BackendPattern, backend_entries
 from kbench.timing import TimingSettings
 from kbench.yamlsource import describe_path, load_yaml
 
@@ -47,7 +48,7 @@ class DevicePlan:
 
     device: str
     cases: list[Case]
-    backends: list[str]
+    backends: list[BackendPattern]
     check: CheckSettings
     timing: TimingSettings
     case_timeout: float | None
@@ -79,7 +80,10 @@ class Suite:
         timing_data = {**self.data.get("timing", {}), **per.get("timing", {})}
         check = CheckSettings.from_mapping(per.get("check"), CheckSettings.from_mapping(self.data.get("check")))
         return DevicePlan(device=device, cases=expand_grid(grid, op, self, where),
-                          backends=list(per.get("backends", self.data.get("backends", ["*"]))),
+                          backends=backend_entries(per.get("backends", self.data.get("backends", ["*"])),
+                                                   file=self.path, where=self.where,
+                                                   place=("devices", device, "backends") if "backends" in per
+                                                   else ("backends",)),
                           check=check, timing=TimingSettings.from_mapping(timing_data),
                           case_timeout=timing_data.get("case_timeout"))
 

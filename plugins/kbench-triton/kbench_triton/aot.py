@@ -4,17 +4,26 @@
 the whole pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the target; the ptxas log gives registers,
 spills and stack; Triton's metadata gives the shared memory the kernel asks for at launch. A
 configuration whose shared memory exceeds the target's per-block limit compiles but cannot launch: it
-is reported as ``too-much-smem``. A compile error is ``error``. This is how we know the kernel builds
+is reported as ``too-much-smem``. A compile error is ``error``. This is how we know the kernels build
 for Hopper (sm_90) and the others without a GPU.
+
+Two kernels: ``triton`` (``seeds/triton_attention_seed.py``, FlashAttention-2 algorithm, sm_80+) and
+``triton-hopper`` (``seeds/triton_hopper_seed.py``, TMA tensor descriptors and warp specialisation,
+sm_90+). The PTX of each compiled configuration states which Hopper features the compiler used:
+TMA (``cp.async.bulk.tensor``), ``wgmma`` and register reallocation between warp roles
+(``setmaxnreg``); the TTGIR whether the loop was warp-specialised (``ttg.warp_specialize``).
+``emit_ptx`` writes that PTX to a directory, one file per configuration.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import itertools
+import importlib
 import re
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 #: Largest dynamic shared memory one block may use, in bytes (CUDA C Programming Guide,
@@ -24,9 +33,30 @@ ARCHS = (80, 90, 100)
 #: kbench's dtype names, which are also Triton's signature types
 DTYPES = ("bf16", "fp16", "fp32")
 
-#: the kernel's pointer and constexpr arguments; the others are int32 sizes and strides, and qk_scale
+#: the kernels' pointer arguments; the others are int32 sizes and strides, qk_scale and constexprs
 _POINTERS = ("Q", "K", "V", "O")
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION")
+#: PTX instructions that show a Hopper feature in use
+PTX_FEATURES = {"tma": "cp.async.bulk.tensor", "wgmma": "wgmma.mma_async", "setmaxnreg": "setmaxnreg"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel the AOT check compiles: where it lives and what it needs."""
+
+    name: str               # the backend that launches it
+    module: str
+    function: str
+    constexprs: tuple[str, ...]
+    min_arch: int
+    dtypes: tuple[str, ...]
+
+
+KERNELS = {
+    "triton": KernelSpec("triton", "kbench_triton.seeds.triton_attention_seed", "attention_fwd_kernel",
+                         ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION"), 80, DTYPES),
+    "triton-hopper": KernelSpec("triton-hopper", "kbench_triton.seeds.triton_hopper_seed", "attention_hopper_kernel",
+                                ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "WARP_SPECIALIZE"), 90, ("bf16", "fp16")),
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +65,7 @@ class Target:
     head_dim: int
     dtype: str
     causal: bool
+    kernel: str = "triton"
 
 
 @dataclass
@@ -57,25 +88,34 @@ class CompileReport:
     shared: int | None = None
     seconds: float = 0.0
     message: str = ""
+    kernel: str = "triton"
+    warp_specialize: bool | None = None   # the configuration asked for it (Hopper kernel)
+    warp_specialized: bool | None = None  # the TTGIR has a ttg.warp_specialize region
+    tma: bool | None = None
+    wgmma: bool | None = None
+    setmaxnreg: bool | None = None
+    ptx_path: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _kernel_module():
-    from kbench_triton.seeds import triton_attention_seed
-
-    return triton_attention_seed
+def _kernel_module(kernel: str = "triton"):
+    return importlib.import_module(KERNELS[kernel].module)
 
 
-def signature(dtype: str) -> dict[str, str]:
-    """Triton signature of ``attention_fwd_kernel`` for inputs of ``dtype`` (int32 strides and sizes)."""
-    kernel = _kernel_module().attention_fwd_kernel
+def _jit_function(kernel: str):
+    return getattr(_kernel_module(kernel), KERNELS[kernel].function)
+
+
+def signature(dtype: str, kernel: str = "triton") -> dict[str, str]:
+    """Triton signature of the kernel for inputs of ``dtype`` (int32 strides and sizes)."""
+    constexprs = KERNELS[kernel].constexprs
     sig = {}
-    for name in kernel.arg_names:
+    for name in _jit_function(kernel).arg_names:
         if name in _POINTERS:
             sig[name] = "*" + dtype
-        elif name in _CONSTEXPRS:
+        elif name in constexprs:
             sig[name] = "constexpr"
         elif name == "qk_scale":
             sig[name] = "fp32"
@@ -84,11 +124,11 @@ def signature(dtype: str) -> dict[str, str]:
     return sig
 
 
-def divisibility() -> dict[tuple[int], list]:
+def divisibility(kernel: str = "triton") -> dict[tuple[int], list]:
     """The specialisation Triton's JIT gives a launch on contiguous tensors with power-of-two lengths:
     pointers, strides and sequence lengths divisible by 16. Without it the compiler cannot prove 16-byte
     alignment, loads are not vectorised and the K/V loads are not software-pipelined."""
-    names = _kernel_module().attention_fwd_kernel.arg_names
+    names = _jit_function(kernel).arg_names
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
             if n in _POINTERS or n.startswith("stride_") or n in ("seqlen_q", "seqlen_kv")}
 
@@ -110,20 +150,38 @@ def _parse_ptxas(log: str) -> dict[str, int | None]:
             "spill_loads": grab(r"(\d+) bytes spill loads"), "stack": grab(r"(\d+) bytes stack frame")}
 
 
-def compile_one(target: Target, config: dict) -> CompileReport:
-    """Compile the kernel for ``target`` with ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+def ptx_features(ptx: str) -> dict[str, bool]:
+    """Which of TMA, wgmma and setmaxnreg a PTX text uses."""
+    return {name: instruction in ptx for name, instruction in PTX_FEATURES.items()}
+
+
+def ptx_file_name(target: Target, config: dict) -> str:
+    mask = "causal" if target.causal else "full"
+    ws = f"-ws{int(config['WARP_SPECIALIZE'])}" if "WARP_SPECIALIZE" in config else ""
+    return (f"{target.kernel}-sm{target.arch}-d{target.head_dim}-{target.dtype}-{mask}-m{config['BLOCK_M']}"
+            f"-n{config['BLOCK_N']}-w{config['num_warps']}-s{config['num_stages']}{ws}.ptx")
+
+
+def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None) -> CompileReport:
+    """Compile ``target.kernel`` for ``target`` with ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages and,
+    for the Hopper kernel, WARP_SPECIALIZE); with ``emit_ptx`` write its PTX into that directory."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    mod = _kernel_module()
+    spec, mod = KERNELS[target.kernel], _kernel_module(target.kernel)
     report = CompileReport(target.arch, target.head_dim, target.dtype, target.causal, config["BLOCK_M"],
-                           config["BLOCK_N"], config["num_warps"], config["num_stages"])
+                           config["BLOCK_N"], config["num_warps"], config["num_stages"], kernel=target.kernel)
     constexprs = dict(HEAD_DIM=target.head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-                      CAUSAL=target.causal, DOT_PRECISION=mod.dot_precision(
-                          {"fp32": "float32"}.get(target.dtype, target.dtype)))
-    source = ASTSource(mod.attention_fwd_kernel, signature(target.dtype), constexprs, attrs=divisibility())
+                      CAUSAL=target.causal)
+    if "DOT_PRECISION" in spec.constexprs:
+        constexprs["DOT_PRECISION"] = mod.dot_precision({"fp32": "float32"}.get(target.dtype, target.dtype))
+    if "WARP_SPECIALIZE" in spec.constexprs:
+        report.warp_specialize = bool(config.get("WARP_SPECIALIZE", 0))
+        constexprs["WARP_SPECIALIZE"] = report.warp_specialize
+    source = ASTSource(_jit_function(target.kernel), signature(target.dtype, target.kernel), constexprs,
+                       attrs=divisibility(target.kernel))
     log = io.StringIO()
     start = time.perf_counter()
     try:
@@ -134,7 +192,7 @@ def compile_one(target: Target, config: dict) -> CompileReport:
             compiled = triton.compile(source, target=GPUTarget("cuda", target.arch, 32),
                                       options={"num_warps": config["num_warps"],
                                                "num_stages": config["num_stages"],
-                                               # the JIT's default in Triton 3.9; explicit, so no warning
+                                               # the JIT's default in Triton 3.6-3.9; explicit, so no warning
                                                "enable_fp_fusion": True})
     except Exception as exc:  # noqa: BLE001 - a compile error is the finding, recorded with its message
         report.status, report.message = "error", f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
@@ -143,6 +201,15 @@ def compile_one(target: Target, config: dict) -> CompileReport:
         report.seconds = time.perf_counter() - start
     for key, value in _parse_ptxas(log.getvalue()).items():
         setattr(report, key, value)
+    ptx = compiled.asm.get("ptx", "")
+    for key, value in ptx_features(ptx).items():
+        setattr(report, key, value)
+    report.warp_specialized = "ttg.warp_specialize" in str(compiled.asm.get("ttgir", ""))
+    if emit_ptx is not None:
+        path = Path(emit_ptx) / ptx_file_name(target, config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ptx)
+        report.ptx_path = str(path)
     report.shared = int(compiled.metadata.shared)
     limit = SMEM_LIMIT.get(target.arch)
     if limit is not None and report.shared > limit:
@@ -151,20 +218,20 @@ def compile_one(target: Target, config: dict) -> CompileReport:
     return report
 
 
-def tunable_space() -> list[dict]:
+def tunable_space(kernel: str = "triton") -> list[dict]:
     """Every combination of the choices in the kernel's ``TUNABLES``."""
-    tunables = _kernel_module().TUNABLES
+    tunables = _kernel_module(kernel).TUNABLES
     names = list(tunables)
     return [dict(zip(names, values)) for values in itertools.product(*(tunables[n]["choices"] for n in names))]
 
 
-def shipped_configs(head_dim: int, causal: bool, dtype: str) -> list[dict]:
+def shipped_configs(head_dim: int, causal: bool, dtype: str, kernel: str = "triton") -> list[dict]:
     """The configurations the backends launch for a shape: the tuned one, the autotune candidates and the
     kernel file's defaults (16-bit types); the one fp32 configuration for fp32."""
-    mod = _kernel_module()
+    mod = _kernel_module(kernel)
     if dtype == "fp32":
         return [mod.config_for(head_dim, causal, dtype)]
-    configs = [mod.config_for(head_dim, causal, dtype), *mod.AUTOTUNE_CONFIGS.get(head_dim, []),
+    configs = [mod.config_for(head_dim, causal, dtype), *getattr(mod, "AUTOTUNE_CONFIGS", {}).get(head_dim, []),
                {k: t["default"] for k, t in mod.TUNABLES.items()}]
     unique = []
     for c in configs:
@@ -177,23 +244,29 @@ def shipped_configs(head_dim: int, causal: bool, dtype: str) -> list[dict]:
 CONFIG_SETS = ("tuned", "shipped", "every")
 
 
-def configs_for(which: str, head_dim: int, causal: bool, dtype: str) -> list[dict]:
-    """``tuned``: the one the ``triton`` backend launches; ``shipped``: every one a backend or the kernel
-    file may launch; ``every``: every combination of the TUNABLES choices."""
+def configs_for(which: str, head_dim: int, causal: bool, dtype: str, kernel: str = "triton") -> list[dict]:
+    """``tuned``: the one the backend launches; ``shipped``: every one a backend or the kernel file may
+    launch; ``every``: every combination of the TUNABLES choices."""
     if which == "tuned":
-        return [_kernel_module().config_for(head_dim, causal, dtype)]
+        return [_kernel_module(kernel).config_for(head_dim, causal, dtype)]
     if which == "shipped":
-        return shipped_configs(head_dim, causal, dtype)
+        return shipped_configs(head_dim, causal, dtype, kernel)
     if which == "every":
-        return tunable_space()
+        return tunable_space(kernel)
     raise ValueError(f"unknown configuration set {which!r}; use one of {CONFIG_SETS}")
 
 
 def plan(archs: Iterable[int], head_dims: Iterable[int], dtypes: Iterable[str], causals: Iterable[bool],
-         *, configs: str = "shipped") -> Iterator[tuple[Target, dict]]:
-    for arch, d, dt, causal in itertools.product(archs, head_dims, dtypes, causals):
-        for config in configs_for(configs, d, causal, dt):
-            yield Target(arch, d, dt, causal), config
+         *, configs: str = "shipped", kernels: Iterable[str] = ("triton",)) -> Iterator[tuple[Target, dict]]:
+    """Every (target, configuration) to compile; a kernel is skipped on architectures and dtypes it does not
+    target (the Hopper kernel: sm_90+, 16-bit types)."""
+    for kernel in kernels:
+        spec = KERNELS[kernel]
+        for arch, d, dt, causal in itertools.product(archs, head_dims, dtypes, causals):
+            if arch < spec.min_arch or dt not in spec.dtypes:
+                continue
+            for config in configs_for(configs, d, causal, dt, kernel):
+                yield Target(arch, d, dt, causal, kernel), config
 
 
 def failures(reports: list[CompileReport], *, every_config: bool) -> list[CompileReport]:
@@ -206,12 +279,18 @@ def sweep(jobs: Iterable[tuple[Target, dict]]) -> list[CompileReport]:
     return [compile_one(target, config) for target, config in jobs]
 
 
+def _yes_no(value: bool | None) -> str:
+    return "" if value is None else ("yes" if value else "no")
+
+
 def table_rows(reports: list[CompileReport]) -> tuple[tuple[str, ...], list[tuple]]:
-    headers = ("arch", "d", "dtype", "mask", "BLOCK_M", "BLOCK_N", "warps", "stages", "regs", "spill st/ld",
-               "stack", "smem KiB", "s", "status")
-    rows = [(f"sm_{r.arch}", r.head_dim, r.dtype, "causal" if r.causal else "full", r.BLOCK_M, r.BLOCK_N,
-             r.num_warps, r.num_stages, r.registers, "" if r.spill_stores is None else
-             f"{r.spill_stores}/{r.spill_loads}", r.stack, "" if r.shared is None else f"{r.shared / 1024:.0f}",
-             f"{r.seconds:.1f}", r.status if not r.message or r.status == "too-much-smem" else
-             f"{r.status}: {r.message.splitlines()[0][:80]}") for r in reports]
+    headers = ("kernel", "arch", "d", "dtype", "mask", "BLOCK_M", "BLOCK_N", "warps", "stages", "ws", "regs",
+               "spill st/ld", "stack", "smem KiB", "TMA", "wgmma", "setmaxnreg", "s", "status")
+    rows = [(r.kernel, f"sm_{r.arch}", r.head_dim, r.dtype, "causal" if r.causal else "full", r.BLOCK_M, r.BLOCK_N,
+             r.num_warps, r.num_stages, "" if r.warp_specialize is None else
+             f"{'asked' if r.warp_specialize else 'off'}/{_yes_no(r.warp_specialized)}", r.registers,
+             "" if r.spill_stores is None else f"{r.spill_stores}/{r.spill_loads}", r.stack,
+             "" if r.shared is None else f"{r.shared / 1024:.0f}", _yes_no(r.tma), _yes_no(r.wgmma),
+             _yes_no(r.setmaxnreg), f"{r.seconds:.1f}", r.status if not r.message or r.status == "too-much-smem"
+             else f"{r.status}: {r.message.splitlines()[0][:80]}") for r in reports]
     return headers, rows

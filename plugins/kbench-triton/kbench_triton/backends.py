@@ -3,7 +3,9 @@
 Both hand the harness's device arrays (CuPy on the ``cuda`` device; bf16 stored as uint16) to Triton
 as zero-copy torch views (``kbench_torch.interop.as_torch``); Triton launches on torch's current
 stream, which is CuPy's default stream (the legacy null stream), so the harness's CUDA events bracket
-the kernel. The kernel itself is ``kbench_triton/seeds/triton_attention_seed.py``.
+the kernel. The kernels: ``kbench_triton/seeds/triton_attention_seed.py`` (FlashAttention-2 algorithm, any
+GPU Triton supports) and ``kbench_triton/seeds/triton_hopper_seed.py`` (sm_90+: TMA tensor descriptors,
+warp specialisation), each a kernel file and an evolve seed.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from kbench_triton import runtime
 TUNABLE_NAMES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 #: the kernel's source: the backends' kernel and the evolve plugin's seed genome
 SEED_PATH = Path(__file__).parent / "seeds" / "triton_attention_seed.py"
+#: the Hopper kernel's source (backend ``triton-hopper``, the second seed genome)
+HOPPER_SEED_PATH = Path(__file__).parent / "seeds" / "triton_hopper_seed.py"
+#: the Hopper seed's TUNABLES, mirrored like TUNABLE_NAMES
+HOPPER_TUNABLE_NAMES = (*TUNABLE_NAMES, "WARP_SPECIALIZE")
 
 
 def kernel_module():
@@ -29,6 +35,13 @@ def kernel_module():
     from kbench_triton.seeds import triton_attention_seed
 
     return triton_attention_seed
+
+
+def hopper_module():
+    """The Hopper kernel's module (imports triton)."""
+    from kbench_triton.seeds import triton_hopper_seed
+
+    return triton_hopper_seed
 
 
 def _torch_views(arrays, dtype):
@@ -50,25 +63,27 @@ class TritonAttention(Backend):
     tunables = {n: Tunable(None, (), f"{n}; None: from the seed's CONFIGS table for the shape")
                 for n in TUNABLE_NAMES}
     source_path = str(SEED_PATH)
+    #: the kernel module's accessor (the subclass for Hopper swaps it)
+    module = staticmethod(kernel_module)
 
     def __init__(self, **settings: Any) -> None:
-        unknown = set(settings) - set(TUNABLE_NAMES)
+        unknown = set(settings) - set(self.tunables)
         if unknown:
-            raise TypeError(f"unknown tunable(s) {sorted(unknown)}; known: {', '.join(TUNABLE_NAMES)}")
+            raise TypeError(f"unknown tunable(s) {sorted(unknown)}; known: {', '.join(self.tunables)}")
         self.settings = {k: v for k, v in settings.items() if v is not None}
 
     def available(self) -> str | None:
         return runtime.unavailable_reason()
 
     def supports(self, case: Case) -> str | None:
-        return kernel_module().supports(case.params)
+        return self.module().supports(case.params)
 
     def config(self, case: Case) -> dict[str, int]:
-        config = kernel_module().config_for(case["head_dim"], case["causal"], str(case.dtype))
+        config = self.module().config_for(case["head_dim"], case["causal"], str(case.dtype))
         return {**config, **self.settings}
 
     def _launcher(self, case: Case) -> Callable[..., None]:
-        mod, config = kernel_module(), self.config(case)
+        mod, config = self.module(), self.config(case)
 
         def launch(q, k, v, out, *, causal, scale):
             mod.attention(q, k, v, out, causal=causal, scale=scale, **config)
@@ -115,6 +130,24 @@ class TritonAutotunedAttention(TritonAttention):
                              scale=softmax_scale(case))
         torch.cuda.synchronize()
         return run
+
+
+class TritonHopperAttention(TritonAttention):
+    """The Hopper kernel (``seeds/triton_hopper_seed.py``): TMA tensor descriptors, warp-specialised key
+    loop, per-shape configuration from its ``CONFIGS``. Needs compute capability 9.0 or newer (TMA)."""
+
+    name = "triton-hopper"
+    description = "kbench's Triton kernel for sm_90+: TMA tensor descriptors, warp specialisation"
+    tunables = {n: Tunable(None, (), f"{n}; None: from the Hopper seed's CONFIGS table for the shape")
+                for n in HOPPER_TUNABLE_NAMES}
+    source_path = str(HOPPER_SEED_PATH)
+    module = staticmethod(hopper_module)
+
+    def available(self) -> str | None:
+        reason = runtime.unavailable_reason()
+        if reason:
+            return reason
+        return runtime.capability_below((9, 0), "TMA tensor descriptors and wgmma")
 
 
 class TritonSubstrate(Substrate):

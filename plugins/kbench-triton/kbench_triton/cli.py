@@ -1,4 +1,4 @@
-"""``kbench triton-aot``: compile the Triton attention kernel for CUDA targets without a GPU."""
+"""``kbench triton-aot``: compile kbench's Triton attention kernels for CUDA targets without a GPU."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,8 @@ from kbench.tables import render
 def _compile_job(job):
     from kbench_triton import aot
 
-    return aot.compile_one(*job)
+    target, config, emit_ptx = job
+    return aot.compile_one(target, config, emit_ptx)
 
 
 def _split_ints(ctx, param, value):
@@ -32,14 +33,21 @@ def _split_ints(ctx, param, value):
               show_default=True,
               help="tuned: the per-shape CONFIGS entry; shipped: also the autotune candidates and the kernel "
                    "file's defaults; every: every combination of the seed's TUNABLES choices.")
+@click.option("--kernel", "kernels", type=click.Choice(["all", "triton", "triton-hopper"]), default="all",
+              show_default=True, help="Which kernel: the FlashAttention-2 one (triton), the Hopper one "
+                                      "(triton-hopper, sm_90+, 16-bit types), or both.")
+@click.option("--emit-ptx", type=click.Path(file_okay=False), default=None,
+              help="Write the PTX of every compiled configuration into this directory.")
 @click.option("-j", "--jobs", default=1, show_default=True, help="Compile in this many processes.")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True)
-def triton_aot(arch, head_dims, dtypes, mask, which, jobs, fmt):
-    """Compile kbench's Triton attention kernel for CUDA targets (no GPU needed).
+def triton_aot(arch, head_dims, dtypes, mask, which, kernels, emit_ptx, jobs, fmt):
+    """Compile kbench's Triton attention kernels for CUDA targets (no GPU needed).
 
-    Prints registers, spills, stack and shared memory per configuration. Exit 1 when a configuration
-    fails to compile, or when one the backends launch needs more shared memory than the target has.
+    Prints registers, spills, stack and shared memory per configuration, and whether its PTX uses TMA
+    (cp.async.bulk.tensor), wgmma and setmaxnreg, and whether the key loop was warp-specialised. Exit 1
+    when a configuration fails to compile, or when one the backends launch needs more shared memory
+    than the target has.
     """
     from kbench_triton import aot
 
@@ -52,12 +60,17 @@ def triton_aot(arch, head_dims, dtypes, mask, which, jobs, fmt):
     if bad:
         raise click.BadParameter(f"{bad[0]!r}: use {', '.join(aot.DTYPES)}", param_hint="--dtype")
     causals = {"both": (False, True), "causal": (True,), "full": (False,)}[mask]
-    jobs_list = list(aot.plan(arch, head_dims, dtype_list, causals, configs=which))
+    kernel_names = list(aot.KERNELS) if kernels == "all" else [kernels]
+    jobs_list = [(target, config, emit_ptx) for target, config in
+                 aot.plan(arch, head_dims, dtype_list, causals, configs=which, kernels=kernel_names)]
+    if not jobs_list:
+        raise click.BadParameter(f"nothing to compile: {kernels} does not target sm_{arch} with {dtypes}",
+                                 param_hint="--kernel")
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             reports = list(pool.map(_compile_job, jobs_list))
     else:
-        reports = aot.sweep(jobs_list)
+        reports = [aot.compile_one(*job) for job in jobs_list]
     if fmt == "json":
         click.echo(json.dumps([r.as_dict() for r in reports], indent=1))
     else:
@@ -66,5 +79,7 @@ def triton_aot(arch, head_dims, dtypes, mask, which, jobs, fmt):
         click.echo(f"\n{len(reports)} configurations: {sum(r.status == 'ok' for r in reports)} ok, "
                    f"{sum(r.status == 'error' for r in reports)} compile errors, {too_big} over the shared-memory "
                    f"limit; {sum(r.seconds for r in reports):.0f} s of compilation")
+        if emit_ptx:
+            click.echo(f"PTX of every compiled configuration in {emit_ptx}/")
     if aot.failures(reports, every_config=which == "every"):
         raise SystemExit(1)

@@ -7,10 +7,11 @@ from kbench_triton import runtime
 
 @kbench.hookimpl
 def kbench_register_backends(registry):
-    from kbench_triton.backends import TritonAttention, TritonAutotunedAttention
+    from kbench_triton.backends import TritonAttention, TritonAutotunedAttention, TritonHopperAttention
 
     registry.add_backend(TritonAttention())
     registry.add_backend(TritonAutotunedAttention())
+    registry.add_backend(TritonHopperAttention())
 
 
 @kbench.hookimpl

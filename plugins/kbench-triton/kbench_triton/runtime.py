@@ -37,6 +37,16 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def capability_below(minimum: tuple[int, int], what: str) -> str | None:
+    """Why the current CUDA GPU cannot run a kernel that needs compute capability ``minimum``, or None."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < minimum:
+        return f"{what} need compute capability {minimum[0]}.{minimum[1]}; this GPU is {major}.{minor}"
+    return None
+
+
 def environment() -> dict:
     version = triton_version()
     return {} if version is None else {"triton": version}

@@ -49,6 +49,9 @@ CASES = {
                                 dtype="fp16"),
 }
 
+#: the Hopper kernel takes 16-bit types only: CASES' fp16 ones, and its fp32 ones in fp16
+HOPPER_CASES = {name.replace("fp32", "fp16"): {**params, "dtype": "fp16"} for name, params in CASES.items()}
+
 
 class OnCpu(Backend):
     """Presents a ``cuda`` backend as a ``cpu`` one: the interpreter runs Triton kernels on CPU tensors."""
@@ -100,7 +103,7 @@ def loop_bound_check(seed_module) -> dict:
 def main(out_path: str) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run me with TRITON_INTERPRET=1")
-    from kbench_triton.backends import TritonAttention, kernel_module
+    from kbench_triton.backends import TritonAttention, TritonHopperAttention, hopper_module, kernel_module
 
     pm = PluginManager()
     seed = kernel_module()
@@ -122,6 +125,15 @@ def main(out_path: str) -> None:
     for name in ("mqa-causal-sq>sk-ragged-fp32", "mha-causal-d128-fp16"):
         guarded(f"kernel-file/{name}", lambda p=CASES[name]: run_check(pm, seed_file, p))
     guarded("loop-bounds", lambda: loop_bound_check(seed))
+    # the Hopper kernel: tensor descriptors (zero-filled past seqlen, clipped stores) in both loop forms;
+    # fp16 only (the kernel takes 16-bit types; the interpreter's bf16 is wrong)
+    for ws in (1, 0):
+        hopper = TritonHopperAttention(**SMALL_TILES, WARP_SPECIALIZE=ws)
+        for name, params in HOPPER_CASES.items():
+            guarded(f"hopper-ws{ws}/{name}", lambda p=params, b=hopper: run_check(pm, b, p))
+    hopper_file = KernelFileBackend(hopper_module().__file__, pm.registry, settings={**SMALL_TILES, "BLOCK_N": 32})
+    guarded("hopper-kernel-file/gqa-full-sq>sk-ragged-fp16",
+            lambda: run_check(pm, hopper_file, CASES["gqa-full-sq>sk-ragged-fp16"]))
     Path(out_path).write_text(json.dumps(results, indent=1))
 
 

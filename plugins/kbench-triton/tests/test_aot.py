@@ -100,3 +100,53 @@ def test_every_tunable_combination_compiles_for_sm90():
     jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every"))
     reports = aot.sweep(jobs)
     assert not aot.failures(reports, every_config=True), [r for r in reports if r.status == "error"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_kernel_uses_tma_wgmma_and_setmaxnreg_on_sm90(head_dim, tmp_path):
+    config = aot._kernel_module("triton-hopper").config_for(head_dim, True, "bf16")
+    report = aot.compile_one(aot.Target(90, head_dim, "bf16", True, "triton-hopper"), config, emit_ptx=tmp_path)
+    _assert_launchable(report)
+    assert (report.tma, report.wgmma, report.warp_specialize, report.warp_specialized, report.setmaxnreg) == \
+        (True, True, True, True, True), report
+    ptx = (tmp_path / aot.ptx_file_name(aot.Target(90, head_dim, "bf16", True, "triton-hopper"), config)).read_text()
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
+
+
+def test_fa2_kernel_uses_no_tma_and_hopper_kernel_without_ws_no_setmaxnreg():
+    fa2 = aot.compile_one(aot.Target(90, 64, "bf16", False), kernel_module().config_for(64, False, "bf16"))
+    assert fa2.status == "ok" and (fa2.tma, fa2.wgmma, fa2.setmaxnreg) == (False, True, False), fa2
+    config = {**aot._kernel_module("triton-hopper").config_for(64, False, "bf16"), "WARP_SPECIALIZE": 0}
+    plain = aot.compile_one(aot.Target(90, 64, "bf16", False, "triton-hopper"), config)
+    assert plain.status == "ok" and plain.tma and not plain.warp_specialized and not plain.setmaxnreg, plain
+
+
+def test_plan_skips_the_hopper_kernel_below_sm90_and_for_fp32():
+    jobs = list(aot.plan([80, 90], [64], ["bf16", "fp32"], [False], configs="tuned",
+                         kernels=["triton", "triton-hopper"]))
+    hopper = [t for t, _ in jobs if t.kernel == "triton-hopper"]
+    assert [(t.arch, t.dtype) for t in hopper] == [(90, "bf16")]
+    assert len([t for t, _ in jobs if t.kernel == "triton"]) == 4
+
+
+def test_command_emits_ptx_and_reports_features(tmp_path):
+    from click.testing import CliRunner
+
+    from kbench_triton.cli import triton_aot
+
+    result = CliRunner().invoke(triton_aot, ["--arch", "90", "--head-dim", "128", "--mask", "full", "--configs",
+                                             "tuned", "--emit-ptx", str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    reports = {r["kernel"]: r for r in json.loads(result.output)}
+    assert set(reports) == {"triton", "triton-hopper"}
+    assert reports["triton-hopper"]["tma"] and not reports["triton"]["tma"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        aot.ptx_file_name(aot.Target(90, 128, "bf16", False, k), aot._kernel_module(k).config_for(128, False))
+        for k in ("triton", "triton-hopper"))
+
+
+@pytest.mark.slow
+def test_every_hopper_tunable_combination_compiles_for_sm90():
+    jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every", kernels=["triton-hopper"]))
+    reports = aot.sweep(jobs)
+    assert not aot.failures(reports, every_config=True), [r for r in reports if r.status == "error"]

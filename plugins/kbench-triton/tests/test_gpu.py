@@ -48,3 +48,14 @@ def test_seed_kernel_file_through_the_triton_substrate(kbench_pm, kbench_case, k
     rec = kbench_check(backend, kbench_case(seqlen_q=300, seqlen_kv=700, heads_q=8, heads_kv=2, head_dim=64,
                                             causal=True, dtype="bf16"))
     assert rec["status"] == "passed", rec.get("reason")
+
+
+@pytest.mark.parametrize("params", [p for p in CASES if p["dtype"] != "fp32"], ids=[_ids(p) for p in CASES
+                                                                                    if p["dtype"] != "fp32"])
+def test_hopper_backend_passes_kbench_checks(kbench_pm, kbench_case, kbench_check, params):
+    backend = kbench_pm.registry.backends["triton-hopper"]
+    if backend.available():
+        pytest.skip(backend.available())
+    rec = kbench_check(backend, kbench_case(**params))
+    assert rec["status"] == "passed", rec.get("reason")
+    assert rec["correctness"]["rel_l2"] <= rec["correctness"]["bound"]

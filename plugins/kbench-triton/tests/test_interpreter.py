@@ -17,11 +17,12 @@ pytest.importorskip("triton")
 pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from interpret_worker import CASES  # noqa: E402
+from interpret_worker import CASES, HOPPER_CASES  # noqa: E402
 
 WORKER = Path(__file__).with_name("interpret_worker.py")
 CHECKS = [f"backend/{n}" for n in CASES] + ["backend-table/gqa-causal", "kernel-file/mqa-causal-sq>sk-ragged-fp32",
-                                            "kernel-file/mha-causal-d128-fp16"]
+                                            "kernel-file/mha-causal-d128-fp16"] + \
+    [f"hopper-ws{ws}/{n}" for ws in (1, 0) for n in HOPPER_CASES] + ["hopper-kernel-file/gqa-full-sq>sk-ragged-fp16"]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from kbench.testing import imported_by
-from kbench_triton.backends import SEED_PATH, TUNABLE_NAMES, TritonAttention
+from kbench_triton.backends import (HOPPER_SEED_PATH, HOPPER_TUNABLE_NAMES, SEED_PATH, TUNABLE_NAMES, TritonAttention,
+                                    TritonHopperAttention)
 
 
 def test_plugin_import_does_not_import_triton_or_torch():
@@ -18,6 +19,7 @@ def test_backends_and_substrate_registered(kbench_pm):
     reg = kbench_pm.registry
     assert reg.backends["triton"].device == "cuda"
     assert reg.backends["triton-autotune"].device == "cuda"
+    assert reg.backends["triton-hopper"].source_path == str(HOPPER_SEED_PATH)
     assert reg.substrates["triton"].device == "cuda"
     assert reg.owner("backend", "triton") == reg.owner("substrate", "triton")
 
@@ -47,6 +49,31 @@ def test_tunables_mirror_the_seed():
     for head_dim, configs in seed.AUTOTUNE_CONFIGS.items():
         for config in configs:
             assert all(config[n] in seed.TUNABLES[n]["choices"] for n in TUNABLE_NAMES), (head_dim, config)
+
+
+def test_hopper_tunables_mirror_its_seed_and_fit_sm90(kbench_case):
+    pytest.importorskip("triton")
+    from kbench_triton.backends import hopper_module
+
+    seed = hopper_module()
+    assert Path(seed.__file__) == HOPPER_SEED_PATH and tuple(seed.TUNABLES) == HOPPER_TUNABLE_NAMES
+    for config in seed.CONFIGS.values():
+        assert all(config[n] in seed.TUNABLES[n]["choices"] for n in HOPPER_TUNABLE_NAMES), config
+    defaults = {k: t["default"] for k, t in seed.TUNABLES.items()}
+    assert all(value == defaults[name] for name, value in _keyword_defaults(seed.attention).items()), \
+        "attention()'s keyword defaults must equal TUNABLES' defaults"
+    backend = TritonHopperAttention(num_stages=3)
+    assert backend.config(kbench_case(seqlen=256, heads=2, head_dim=128))["num_stages"] == 3
+    assert "bf16/fp16" in backend.supports(kbench_case(seqlen=64, heads=2, head_dim=64, dtype="fp32"))
+    with pytest.raises(TypeError, match="unknown tunable"):
+        TritonAttention(WARP_SPECIALIZE=1)
+
+
+def _keyword_defaults(fn) -> dict:
+    import inspect
+
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items()
+            if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and n not in ("causal", "scale")}
 
 
 def test_settings_override_the_shape_table(kbench_case):

@@ -1,0 +1,191 @@
+"""Fused attention forward for Hopper (sm_90) in Triton: TMA tensor descriptors and warp specialisation.
+
+The second seed genome of the evolve plugin and the kernel of the ``triton-hopper`` backend. Same
+algorithm and conventions as ``triton_attention_seed.py`` (FlashAttention-2 forward, online softmax in
+the log2 domain, bottom-right causal alignment, GQA in place, rows that see no key output 0, two-phase
+key loop: unmasked blocks first, then the diagonal/ragged ones), with what Triton offers on Hopper:
+
+- **Tensor descriptors** (``tl.make_tensor_descriptor``): each program describes its (batch, head)
+  slice of Q, K, V and O as a 2-D ``[seqlen, HEAD_DIM]`` tensor; loads and the store of O go through the
+  Tensor Memory Accelerator (``cp.async.bulk.tensor`` in the PTX), which fills shared memory
+  asynchronously and zero-fills rows past ``seqlen`` (and clips stores there), so the kernel needs no
+  load masks. The descriptors are built on the device (128 bytes of global scratch each, from the
+  allocator ``triton.set_allocator`` installs), so their base can be the program's own slice.
+- **Warp specialisation** (``tl.range(..., warp_specialize=True)``, tunable ``WARP_SPECIALIZE``): Triton
+  splits the key loop into producer warps that issue the TMA loads and consumer warpgroups that run the
+  two ``wgmma`` products and the softmax, handing tiles over through ``mbarrier``-guarded shared-memory
+  stages, and moves registers from producers to consumers (``setmaxnreg``). Triton versions that cannot
+  specialise this loop for sm_90 still pipeline it (``num_stages``): ``kbench triton-aot --emit-ptx``
+  states per configuration which of TMA, wgmma and setmaxnreg the PTX contains.
+
+Requirements of TMA: 16-byte aligned bases and row strides (kbench's contiguous layouts satisfy them
+for head_dim >= 8 in 16-bit types) and a contiguous head_dim.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SUBSTRATE = "triton"
+OP = "attention"
+
+#: The kernel's knobs (read by the backend, the AOT check and the evolve plugin's ``mutate``); the
+#: defaults fit every supported head dim (up to 256) in sm_90's 227 KiB of shared memory.
+TUNABLES = {
+    "BLOCK_M": {"default": 64, "choices": [64, 128], "help": "query rows per program"},
+    "BLOCK_N": {"default": 64, "choices": [64, 128], "help": "key rows per TMA load and inner-loop step"},
+    "num_warps": {"default": 4, "choices": [4, 8], "help": "warps per program (consumer warpgroups x 4)"},
+    "num_stages": {"default": 2, "choices": [2, 3, 4], "help": "shared-memory stages of the K/V ring"},
+    "WARP_SPECIALIZE": {"default": 1, "choices": [0, 1], "help": "producer/consumer warp specialisation"},
+}
+
+#: (head_dim, causal) -> configuration launched by the ``triton-hopper`` backend
+CONFIGS = {
+    (64, False): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+    (64, True): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+    (128, False): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+    (128, True): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+    (256, False): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+    (256, True): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+}
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LOG2E = 1.4426950408889634
+
+
+def supports(params) -> str | None:
+    """Why this kernel cannot run a case of the ``attention`` op, or None."""
+    d = params["head_dim"]
+    if d not in HEAD_DIMS:
+        return f"head_dim {d} not supported (TMA tiles need a power of two: {', '.join(map(str, HEAD_DIMS))})"
+    if params["dtype"] not in ("bf16", "fp16"):
+        return "the Hopper kernel takes bf16/fp16 (wgmma on 16-bit inputs); fp32 runs on the `triton` backend"
+    return None
+
+
+def config_for(head_dim: int, causal: bool, dtype: str = "bf16") -> dict:
+    """The configuration for a shape; the tunables' defaults for shapes not in ``CONFIGS``."""
+    return dict(CONFIGS.get((head_dim, bool(causal)), {k: t["default"] for k, t in TUNABLES.items()}))
+
+
+@triton.jit
+def _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv, diagonal, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """One online-softmax step over the key/value tile at ``start_n`` (TMA loads: zero past seqlen_kv)."""
+    k = k_desc.load([start_n, 0])
+    v = v_desc.load([start_n, 0])
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        cols = start_n + offs_n
+        visible = (cols < seqlen_kv)[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        # a row that has seen no key yet keeps m = -inf: subtract 0 so that exp2 gives 0, not NaN
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new_safe = m_new
+    p = tl.math.exp2(s - m_new_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_new_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attention_hopper_kernel(Q, K, V, O,
+                            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                            stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+                            seqlen_q, seqlen_kv, heads_q, group, qk_scale,
+                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Grid (cdiv(seqlen_q, BLOCK_M), batch * heads_q); ``qk_scale`` = softmax scale * log2(e)."""
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first: a short tail
+    else:
+        pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // heads_q).to(tl.int64)
+    h = pid_bh % heads_q
+    kv_h = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    # one 2-D [seqlen, HEAD_DIM] view per (batch, head): TMA zero-fills and clips rows past seqlen
+    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[seqlen_q, HEAD_DIM],
+                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + kv_h * stride_kh, shape=[seqlen_kv, HEAD_DIM],
+                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + kv_h * stride_vh, shape=[seqlen_kv, HEAD_DIM],
+                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(O + b * stride_ob + h * stride_oh, shape=[seqlen_q, HEAD_DIM],
+                                       strides=[stride_os, 1], block_shape=[BLOCK_M, HEAD_DIM])
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = q_desc.load([start_m, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    diagonal = seqlen_kv - seqlen_q  # bottom-right causal: row i sees keys j <= i + diagonal
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(seqlen_kv, start_m + BLOCK_M + diagonal), 0)
+        unmasked_hi = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seqlen_kv)
+    else:
+        hi = seqlen_kv
+        unmasked_hi = seqlen_kv
+    unmasked_hi = (unmasked_hi // BLOCK_N) * BLOCK_N
+
+    if WARP_SPECIALIZE:
+        # Triton specialises one loop per kernel on sm_90 (a second loop after it fails to compile):
+        # one loop over every visible block, masks on each (the mask is cheap next to two wgmma)
+        for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
+                                        diagonal, qk_scale, MASKED=True, CAUSAL=CAUSAL)
+    else:
+        for start_n in tl.range(0, unmasked_hi, BLOCK_N):
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
+                                        diagonal, qk_scale, MASKED=False, CAUSAL=CAUSAL)
+        for start_n in tl.range(unmasked_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
+                                        diagonal, qk_scale, MASKED=True, CAUSAL=CAUSAL)
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_desc.store([start_m, 0], out.to(O.dtype.element_ty))
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global scratch for the device-side tensor descriptors (Triton asks through ``set_allocator``)."""
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def launch_args(q, k, v, out, *, causal: bool, scale: float):
+    """Positional arguments and shape constexprs of ``attention_hopper_kernel``, and the grid's second axis."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_kv, heads_kv = k.shape[1], k.shape[2]
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_q={heads_q} is not a multiple of heads_kv={heads_kv}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t.stride(3) != 1:
+            raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
+        if (t.stride(1) * t.element_size()) % 16:
+            raise ValueError(f"{name}: TMA needs a row stride that is a multiple of 16 bytes")
+    args = (q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            seqlen_q, seqlen_kv, heads_q, heads_q // heads_kv, scale * LOG2E)
+    return args, dict(HEAD_DIM=head_dim, CAUSAL=bool(causal)), batch * heads_q
+
+
+def attention(q, k, v, out, *, causal: bool, scale: float, BLOCK_M: int = 64, BLOCK_N: int = 64,
+              num_warps: int = 4, num_stages: int = 2, WARP_SPECIALIZE: int = 1) -> None:
+    """Write softmax(q k^T * scale [+ causal mask]) v into ``out`` (torch tensors on one device)."""
+    args, constexprs, programs_bh = launch_args(q, k, v, out, causal=causal, scale=scale)
+    if q.is_cuda:
+        triton.set_allocator(_scratch)
+    grid = (triton.cdiv(q.shape[1], BLOCK_M), programs_bh)
+    attention_hopper_kernel[grid](*args, **constexprs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                  WARP_SPECIALIZE=bool(WARP_SPECIALIZE), num_warps=num_warps,
+                                  num_stages=num_stages)

@@ -43,6 +43,11 @@ class HardwareProfile:
     measured_flops: Mapping[str, float] = field(default_factory=dict)
     measured_bandwidth: float | None = None
     measured_source: str = ""                   # "kbench calibrate on <date>, <file>"
+    # what `kbench plan` needs (docs/plan.md); None where no public figure is known
+    price_per_hour: float | None = None         # USD per device-hour (cloud list price)
+    price_source: str = ""                      # where and when the price was listed
+    power_watts: float | None = None            # TDP (board power) per device
+    interconnects: tuple[str, ...] = ()         # names in kbench/data/interconnects.yaml
 
     def peak(self, dtype: str) -> float | None:
         """Peak FLOP/s for a case dtype; fp32 inputs use the fp32 (not tf32) rate."""
@@ -70,12 +75,14 @@ class HardwareProfile:
         for key in ("peak_flops", "extra", "sources", "measured_flops"):
             data[key] = dict(getattr(self, key))
         data["match"] = list(self.match)
+        data["interconnects"] = list(self.interconnects)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HardwareProfile:
         data = dict(data)
         data["match"] = tuple(data.get("match", ()))
+        data["interconnects"] = tuple(data.get("interconnects", ()))
         return cls(**data)
 
 
@@ -203,6 +210,16 @@ PROFILE_FILE_SCHEMA: dict[str, Any] = {
             "source": {"type": "string", "minLength": 3, "description": "the datasheet the figures come from"},
             "sources": {"type": "object", "additionalProperties": {"type": "string"}},
             "notes": {"type": "string"},
+            "price": {"type": "object", "additionalProperties": False,
+                      "required": ["usd_per_hour", "source", "date"],
+                      "properties": {"usd_per_hour": {"type": "number", "exclusiveMinimum": 0},
+                                     "source": {"type": "string", "minLength": 3},
+                                     "date": {"type": "string", "minLength": 4}},
+                      "description": "{usd_per_hour: 2.99, source: 'provider list price page', date: '2025-06'}"},
+            "power_w": {"type": "number", "exclusiveMinimum": 0,
+                        "description": "board power (TDP) per device in watts"},
+            "interconnects": {"type": "array", "items": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]*$"},
+                              "description": "interconnect profile names (kbench/data/interconnects.yaml)"},
         },
     }},
 }
@@ -244,7 +261,10 @@ def profiles_from_data(data: Any, *, file: str | None = None,
             peak_flops={k: round(float(v) * _UNITS["peak_tflops"], 3) for k, v in item["peak_tflops"].items()},
             bandwidth=scaled("bandwidth_tbps"), capacity=scaled("capacity_gb"), l2_bytes=scaled("l2_mb"),
             source=item["source"], match=tuple(item.get("match", ())), notes=item.get("notes", ""),
-            sources=dict(item.get("sources", {}))))
+            sources=dict(item.get("sources", {})),
+            price_per_hour=item["price"]["usd_per_hour"] if "price" in item else None,
+            price_source=f"{item['price']['source']} ({item['price']['date']})" if "price" in item else "",
+            power_watts=item.get("power_w"), interconnects=tuple(item.get("interconnects", ()))))
     return out
 
 

@@ -11,6 +11,7 @@ CORE_COMMANDS = (
     "kbench.commands.list:list_command",
     "kbench.commands.show:show_command",
     "kbench.commands.roofline:roofline_command",
+    "kbench.commands.plan:plan_command",
     "kbench.commands.calibrate:calibrate_command",
     "kbench.commands.compare:compare_command",
     "kbench.commands.report:report_command",

@@ -1,0 +1,167 @@
+"""Tables, sensitivity to the assumed efficiencies and the cost/latency Pareto plot of `kbench plan`."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+from kbench.plan.model import Assumptions, DeviceModel, Plan, Planner, best_per_choice
+
+TABLE_HEADERS = ("#", "plan", "pools (instances x devices)", "P:D devices", "goodput req/s/dev", "req/$",
+                 "req/MJ", "$/Mtok", "kWh/Mtok", "TTFT", "TPOT", "batch", "wall prefill | decode", "SLO met",
+                 "rates from")
+
+
+def _g(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def _time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def pools(p: Plan) -> str:
+    if p.mode == "aggregated":
+        return f"{p.prefill_instances} x {p.tp_prefill} (both phases)"
+    return f"P {p.prefill_instances} x {p.tp_prefill} + D {p.decode_instances} x {p.tp_decode}"
+
+
+def ratio(p: Plan) -> str:
+    if p.mode == "aggregated" or not p.decode_devices:
+        return "-"
+    return f"{p.prefill_devices}:{p.decode_devices} ({p.prefill_devices / p.decode_devices:.2g}:1)"
+
+
+def ttft_summary(p: Plan, plan_slo_classes: int) -> str:
+    """Mean TTFT over the classes, and the worst class if there are several."""
+    if not p.ttft:
+        return "-"
+    worst = max(p.ttft.values())
+    return _time(worst) if plan_slo_classes == 1 else f"max {_time(worst)}"
+
+
+def table_rows(plans: Sequence[Plan], classes: int) -> list[list[str]]:
+    rows = []
+    for i, p in enumerate(plans, 1):
+        rows.append([str(i), p.label, pools(p) if p.devices else "-", ratio(p), _g(p.per_device),
+                     _g(p.per_dollar), _g(p.per_megajoule), _g(p.dollars_per_mtok), _g(p.kwh_per_mtok),
+                     ttft_summary(p, classes), _time(p.tpot), f"{p.batch}/{p.max_batch}" if p.devices else "-",
+                     f"{p.prefill_wall} | {p.decode_wall}" if p.devices else "-", f"{p.attainment:.0%}",
+                     "+".join(p.origins) or "-"])
+    return rows
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    return {"label": p.label, "mode": p.mode, "prefill_hardware": p.prefill_hw, "decode_hardware": p.decode_hw,
+            "tp_prefill": p.tp_prefill, "tp_decode": p.tp_decode, "link": p.link,
+            "prefill_instances": p.prefill_instances, "decode_instances": p.decode_instances,
+            "prefill_devices": p.prefill_devices, "decode_devices": p.decode_devices, "devices": p.devices,
+            "ttft_s": [p.ttft[i] for i in sorted(p.ttft)], "kv_transfer_s": [p.transfer[i] for i in sorted(p.transfer)],
+            "tpot_s": p.tpot if math.isfinite(p.tpot) else None, "batch": p.batch, "max_batch": p.max_batch,
+            "attainment": p.attainment, "meets_slo": p.meets, "goodput_req_s": p.goodput,
+            "goodput_per_device": p.per_device, "requests_per_dollar": p.per_dollar,
+            "requests_per_megajoule": p.per_megajoule, "dollars_per_mtok": p.dollars_per_mtok,
+            "kwh_per_mtok": p.kwh_per_mtok, "price_per_hour": p.price_per_hour, "power_w": p.power,
+            "prefill_wall": p.prefill_wall, "decode_wall": p.decode_wall, "rates_from": list(p.origins),
+            "reason": p.reason}
+
+
+def input_rows(planner: Planner) -> list[list[str]]:
+    """Per hardware type: each rate the plan uses, its value and whether it was measured."""
+    rows = []
+    mix = planner.workload.mix
+    for name, dm in planner.devices.items():
+        if not dm.usable:
+            rows.append([name, "all", "-", "unusable: no compute, bandwidth or capacity figure"])
+            continue
+        rows.append([name, "matmul FLOP/s", dm.compute.origin, dm.compute.detail])
+        rows.append([name, "weight reads B/s", dm.memory.origin, dm.memory.detail])
+        for c in mix:
+            r = dm.attention_rate(c.input)
+            rows.append([name, f"prefill attention at {c.input:,} tokens", r.origin, r.detail])
+        ctx = round(planner.decode_context)
+        r = dm.kv_read_rate(ctx)
+        rows.append([name, f"decode KV reads at {ctx:,} tokens", r.origin, r.detail])
+        price = f"${dm.hw.price_per_hour:g}/h ({dm.hw.price_source})" if dm.hw.price_per_hour else "none: pass --price"
+        rows.append([name, "price per device-hour", "list price" if dm.hw.price_per_hour else "-", price])
+        power = f"{dm.hw.power_watts:g} W" if dm.hw.power_watts else "none in the profile"
+        rows.append([name, "power per device", "TDP" if dm.hw.power_watts else "-", power])
+    return rows
+
+
+def sensitivity(planner_for: Any, base: Assumptions, by: str, factors: Iterable[float] = (0.75, 1.25)) -> list[str]:
+    """How much the assumed efficiencies move the answer: the top plan and its figure with every assumed
+    efficiency (matmul, bandwidth, link) scaled, measured and calibrated rates unchanged."""
+    lines = []
+    top0 = _top(planner_for(base).all_plans(), by)
+    if top0 is None:
+        return ["sensitivity: no plan meets the SLO at the assumed efficiencies"]
+    v0 = top0.metric(by)
+    for f in factors:
+        top = _top(planner_for(base.scaled(f)).all_plans(), by)
+        if top is None:
+            lines.append(f"assumed efficiencies x{f:g}: no plan meets the SLO")
+            continue
+        v = top.metric(by)
+        same = "same top plan" if top.label == top0.label else f"top plan becomes {top.label}"
+        change = "" if v is None or v0 is None else f", {by} figure {100 * (v / v0 - 1):+.0f}%"
+        lines.append(f"assumed efficiencies x{f:g} (compute {base.scaled(f).compute_efficiency:.2g}, "
+                     f"bandwidth {base.scaled(f).bandwidth_efficiency:.2g}, link {base.scaled(f).link_efficiency:.2g}): "
+                     f"{same}{change}")
+    return lines
+
+
+def _top(plans: list[Plan], by: str) -> Plan | None:
+    ranked = best_per_choice(plans, by)
+    return ranked[0] if ranked and ranked[0].meets else None
+
+
+def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (lower is better on both)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        if not any((a <= x and b <= y) and (a < x or b < y) for j, (a, b) in enumerate(points) if j != i):
+            front.append(i)
+    return sorted(front, key=lambda i: points[i])
+
+
+def plot_pareto(plans: Sequence[Plan], path: str, *, title: str) -> str:
+    """Cost per million tokens against the worst TTFT and against TPOT, every plan that meets the SLO; the
+    Pareto front (cheaper and faster than every other plan on that pair) is drawn as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    good = [p for p in plans if p.meets and p.dollars_per_mtok is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    modes = {"aggregated": ("o", "tab:blue"), "disaggregated": ("^", "tab:orange")}
+    for ax, (name, latency) in zip(axes, (("worst TTFT (s)", lambda p: max(p.ttft.values())),
+                                          ("TPOT (ms)", lambda p: p.tpot * 1e3))):
+        pts = [(p.dollars_per_mtok, latency(p)) for p in good]
+        for mode, (marker, color) in modes.items():
+            sel = [pt for p, pt in zip(good, pts) if p.mode == mode]
+            if sel:
+                ax.scatter([x for x, _ in sel], [y for _, y in sel], marker=marker, color=color, alpha=0.5, label=mode)
+        front = pareto(pts)
+        if front:
+            ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-", color="black", linewidth=1,
+                    label="Pareto front")
+            for i in front:
+                ax.annotate(good[i].label, pts[i], fontsize=6, xytext=(4, 2), textcoords="offset points")
+        ax.set_xlabel("cost per million tokens of requests meeting the SLO ($)")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    if not good:
+        axes[0].text(0.5, 0.5, "no plan meets the SLO with a price", transform=axes[0].transAxes, ha="center")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["TABLE_HEADERS", "DeviceModel", "input_rows", "pareto", "plan_json", "plot_pareto", "sensitivity",
+           "table_rows"]

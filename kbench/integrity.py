@@ -417,13 +417,16 @@ class SampleGuard(Device):
     follows the same order to know which set comes next.
     """
 
-    def __init__(self, inner: Device, outs: list[Any], watch: ThreadWatch) -> None:
-        self.inner, self.outs, self.watch = inner, outs, watch
+    def __init__(self, inner: Device, outs: list[Any], watch: ThreadWatch,
+                 refresh: Callable[[int, int], None] | None = None) -> None:
+        self.inner, self.outs, self.watch, self.refresh = inner, outs, watch, refresh
         self.name = inner.name
         self.samples = 0
 
     def before_sample(self) -> None:
         self.inner.before_sample()
+        if self.refresh is not None:  # new input content in place: no timed call sees content seen before
+            self.refresh(self.samples % len(self.outs), self.samples)
         out = self.outs[self.samples % len(self.outs)]
         self.inner.repoison(out)
         self.inner.synchronize()

@@ -47,8 +47,10 @@ DEFAULT = {
 
 # the same exploits with static_checks: none -- what the checks at run time say
 DYNAMIC = {
-    "cache_by_identity": ("failed", r"faster than the same kernel on fresh inputs|stale"),
-    "cache_by_content": ("failed", r"faster than the same kernel on fresh inputs"),
+    "cache_by_identity": ("failed", r"stale"),
+    # every timed call gets new input content: a content cache never hits, gains nothing, and is an
+    # honest (slower) kernel -- decided without measuring speed (tests/test_execute.py shows zero hits)
+    "cache_by_content": ("passed", None),
     "copy_reference": ("failed", r"relative L2 error 1 exceeds"),
     "timer_patch": ("failed", r"harness tampering: time.perf_counter_ns replaced"),
     "harness_patch": ("failed", r"harness tampering: numpy.linalg.norm replaced"),

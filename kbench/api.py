@@ -1,0 +1,126 @@
+"""The stable surface for plugin authors: import from here (or from ``kbench``), nothing else.
+
+Everything a backend, device, op, substrate, hardware-profile or command plugin needs is named
+below; the modules behind these names may move between releases, these names do not. Names are
+resolved on first use, so ``import kbench.api`` (or ``import kbench``) stays as light as the
+plugin's own import must be: no NumPy kernels, no torch, no CuPy.
+
+Writing a backend::
+
+    import kbench
+    from kbench.api import Backend, Case, Tunable, softmax_scale
+
+    class MyAttention(Backend):
+        name, op, device = "my-attention", "attention", "cpu"
+        tunables = {"block": Tunable(64, (32, 64, 128), "rows per tile")}
+
+        def supports(self, case: Case) -> str | None:     # None: yes; a string: why not
+            return None if case.dtype == "fp32" else "fp32 only"
+
+        def prepare(self, case: Case):
+            block, scale = self.setting("block"), softmax_scale(case)
+            def run(q, k, v, out): ...
+            return run
+
+    @kbench.hookimpl
+    def kbench_register_backends(registry):
+        registry.add_backend(MyAttention())
+
+See docs/writing-a-plugin.md for the whole contract.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> (module, attribute): the one table of what is stable
+SURFACE: dict[str, tuple[str, str]] = {
+    # the hook marker and the registry handed to registration hooks
+    "hookimpl": ("kbench", "hookimpl"),
+    "Registry": ("kbench.registry", "Registry"),
+    "KINDS": ("kbench.registry", "KINDS"),
+    # the things plugins register
+    "Backend": ("kbench.backends", "Backend"),
+    "Tunable": ("kbench.backends", "Tunable"),
+    "Kernel": ("kbench.backends", "Kernel"),
+    "Device": ("kbench.devices", "Device"),
+    "Op": ("kbench.ops", "Op"),
+    "Case": ("kbench.ops", "Case"),
+    "CaseError": ("kbench.ops", "CaseError"),
+    "Substrate": ("kbench.kernelfile", "Substrate"),
+    "HardwareProfile": ("kbench.hardware", "HardwareProfile"),
+    "match_profile": ("kbench.hardware", "match_profile"),
+    # one vocabulary for statuses and dtypes
+    "DType": ("kbench.enums", "DType"),
+    "Status": ("kbench.enums", "Status"),
+    # the error family (BadInput: exit 2 with file, place and fix)
+    "KbenchError": ("kbench.errors", "KbenchError"),
+    "BadInput": ("kbench.errors", "BadInput"),
+    "PluginError": ("kbench.errors", "PluginError"),
+    "PluginWarning": ("kbench.plugins", "PluginWarning"),
+    "RegistrationWarning": ("kbench.registry", "RegistrationWarning"),
+    # op helpers
+    "softmax_scale": ("kbench.ops.attention", "softmax_scale"),
+    # array interop between NumPy, CuPy, torch and DLPack (zero copy; torch/CuPy imported on use)
+    "as_torch": ("kbench.devices.interop", "as_torch"),
+    "as_numpy": ("kbench.devices.interop", "as_numpy"),
+    "as_cupy": ("kbench.devices.interop", "as_cupy"),
+    "to_device_array": ("kbench.devices.interop", "to_device_array"),
+    "torch_dtype": ("kbench.devices.interop", "torch_dtype"),
+    "is_out_of_memory": ("kbench.devices.interop", "is_out_of_memory"),
+    "oom_as_memory_error": ("kbench.devices.interop", "oom_as_memory_error"),
+    # selection: backend patterns with settings (numpy-flash[block_q=64])
+    "BackendPattern": ("kbench.selection", "BackendPattern"),
+    # running suites from a command plugin
+    "Suite": ("kbench.suite", "Suite"),
+    "load_suite": ("kbench.suite", "load_suite"),
+    "suite_from_data": ("kbench.suite", "suite_from_data"),
+    "RunRequest": ("kbench.runner", "RunRequest"),
+    "plan_run": ("kbench.runner", "plan_run"),
+    "run_suite": ("kbench.runner", "run_suite"),
+    "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
+    # small utilities plugins otherwise re-implement
+    "render_table": ("kbench.tables", "render"),
+    "atomic_write_json": ("kbench.results", "atomic_write_json"),
+    "now_iso": ("kbench.results", "now_iso"),
+    "geomean": ("kbench.compare", "geomean"),
+}
+
+__all__ = sorted(SURFACE)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = SURFACE[name]
+    except KeyError:
+        raise AttributeError(f"module 'kbench.api' has no attribute {name!r}; the stable names are: "
+                             f"{', '.join(__all__)}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from kbench import hookimpl
+    from kbench.backends import Backend, Kernel, Tunable
+    from kbench.compare import geomean
+    from kbench.devices import Device
+    from kbench.devices.interop import (as_cupy, as_numpy, as_torch, is_out_of_memory, oom_as_memory_error,
+                                        to_device_array, torch_dtype)
+    from kbench.enums import DType, Status
+    from kbench.errors import BadInput, KbenchError, PluginError
+    from kbench.hardware import HardwareProfile, match_profile
+    from kbench.kernelfile import Substrate
+    from kbench.ops import Case, CaseError, Op
+    from kbench.ops.attention import softmax_scale
+    from kbench.plugins import PluginWarning, get_plugin_manager
+    from kbench.registry import KINDS, Registry, RegistrationWarning
+    from kbench.results import atomic_write_json, now_iso
+    from kbench.runner import RunRequest, plan_run, run_suite
+    from kbench.selection import BackendPattern
+    from kbench.suite import Suite, load_suite, suite_from_data
+    from kbench.tables import render as render_table

@@ -1,0 +1,297 @@
+"""kbench.api: the stable surface for plugin authors, its lightness, and the core's array interop."""
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kbench
+import kbench.api as api
+from kbench.enums import DType
+from kbench.testing import imported_by
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# the surface
+
+
+def test_issue_names_import_from_kbench_api():
+    from kbench.api import Backend, Case, DType, Device, HardwareProfile, Op, Status, Tunable  # noqa: F401
+    from kbench.backends import Backend as CoreBackend
+
+    assert Backend is CoreBackend and Tunable(1).default == 1
+
+
+@pytest.mark.parametrize("name", sorted(api.SURFACE))
+def test_every_public_name_is_the_core_object_and_reexported_from_kbench(name):
+    module, attribute = api.SURFACE[name]
+    expected = getattr(importlib.import_module(module), attribute)
+    assert getattr(api, name) is expected
+    assert getattr(kbench, name) is expected
+    assert name in dir(kbench) and name in api.__all__
+
+
+def test_an_unknown_name_says_what_exists():
+    with pytest.raises(AttributeError, match="stable names are: .*Backend"):
+        api.NoSuchThing  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        kbench.NoSuchThing  # noqa: B018
+
+
+def test_importing_the_api_pulls_in_nothing_heavy():
+    heavy = ("torch", "cupy", "triton", "litellm", "scipy", "matplotlib", "kbench.backends", "kbench.runner")
+    assert imported_by(["kbench", "kbench.api"], heavy) == []
+    # resolving the names a backend plugin uses imports no array library but NumPy either
+    code = ("import sys; from kbench.api import Backend, Tunable, as_torch, as_cupy, softmax_scale; "
+            "print(sorted(m for m in ('torch', 'cupy', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------------------------
+# what first-party plugins import from the core
+
+
+def _plugin_packages() -> list[Path]:
+    return sorted(ROOT.glob("plugins/kbench-*/kbench_*")) + [ROOT / "examples/kbench-example-backend/kbench_example"]
+
+
+def core_imports_outside_api() -> list[str]:
+    """``file: module.name`` for every import of a core module other than ``kbench``/``kbench.api``,
+    and of another plugin's package, by the shipped plugins and the example."""
+    found = set()
+    for package in _plugin_packages():
+        for path in sorted(package.rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [(node.module, a.name) for a in node.names]
+                elif isinstance(node, ast.Import):
+                    modules = [(a.name, "*") for a in node.names]
+                else:
+                    continue
+                for module, name in modules:
+                    top = module.split(".")[0]
+                    if (top == "kbench" and module not in ("kbench", "kbench.api")) or \
+                            (top.startswith("kbench_") and top != package.name):
+                        found.add(f"{rel}: {module}.{name}")
+    return sorted(found)
+
+
+#: Imports the lead rewires to ``kbench.api`` at the end of issue 14 (delete each line as it is done;
+#: once empty, the test below enforces "plugins import only kbench.api and their own package").
+PENDING_REWIRE = [
+    "examples/kbench-example-backend/kbench_example/backend.py: kbench.backends.Backend",
+    "examples/kbench-example-backend/kbench_example/backend.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-cuda/kbench_cuda/cupy_backend.py: kbench.backends.Backend",
+    "plugins/kbench-cuda/kbench_cuda/cupy_backend.py: kbench.enums.DType",
+    "plugins/kbench-cuda/kbench_cuda/cupy_backend.py: kbench.ops.Case",
+    "plugins/kbench-cuda/kbench_cuda/cupy_backend.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-cuda/kbench_cuda/device.py: kbench.devices.Device",
+    "plugins/kbench-cuda/kbench_cuda/device.py: kbench.enums.DType",
+    "plugins/kbench-cuda/kbench_cuda/plugin.py: kbench.hardware.HardwareProfile",
+    "plugins/kbench-cuda/kbench_cuda/plugin.py: kbench.hardware.match_profile",
+    "plugins/kbench-cuda/kbench_cuda/plugin.py: kbench.kernelfile.Substrate",
+    "plugins/kbench-evolve/kbench_evolve/backends.py: kbench.backends.Tunable",
+    "plugins/kbench-evolve/kbench_evolve/backends.py: kbench.errors.KbenchError",
+    "plugins/kbench-evolve/kbench_evolve/backends.py: kbench.workers.KernelFileRef",
+    "plugins/kbench-evolve/kbench_evolve/cli.py: kbench.errors.BadInput",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.enums.Status",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.runner.RunRequest",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.runner.plan_run",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.runner.run_suite",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.suite.Suite",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.suite.load_suite",
+    "plugins/kbench-evolve/kbench_evolve/fitness.py: kbench.suite.suite_from_data",
+    "plugins/kbench-evolve/kbench_evolve/llm.py: kbench.errors.BadInput",
+    "plugins/kbench-evolve/kbench_evolve/operators/__init__.py: kbench.errors.BadInput",
+    "plugins/kbench-evolve/kbench_evolve/operators/__init__.py: kbench.errors.PluginError",
+    "plugins/kbench-evolve/kbench_evolve/source.py: kbench.errors.BadInput",
+    "plugins/kbench-evolve/kbench_evolve/store.py: kbench.errors.BadInput",
+    "plugins/kbench-evolve/kbench_evolve/store.py: kbench.results.atomic_write_json",
+    "plugins/kbench-evolve/kbench_evolve/tools.py: kbench.errors.KbenchError",
+    "plugins/kbench-torch/kbench_torch/common.py: kbench_cuda.runtime.device_index",
+    "plugins/kbench-torch/kbench_torch/common.py: kbench_cuda.runtime.unavailable_reason",
+    "plugins/kbench-torch/kbench_torch/cudnn_backend.py: kbench.backends.Backend",
+    "plugins/kbench-torch/kbench_torch/cudnn_backend.py: kbench.enums.DType",
+    "plugins/kbench-torch/kbench_torch/cudnn_backend.py: kbench.ops.Case",
+    "plugins/kbench-torch/kbench_torch/cudnn_backend.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-torch/kbench_torch/cudnn_backend.py: kbench_cuda.runtime.oom_as_memory_error",
+    "plugins/kbench-torch/kbench_torch/flash.py: kbench.backends.Backend",
+    "plugins/kbench-torch/kbench_torch/flash.py: kbench.enums.DType",
+    "plugins/kbench-torch/kbench_torch/flash.py: kbench.ops.Case",
+    "plugins/kbench-torch/kbench_torch/flash.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-torch/kbench_torch/flash.py: kbench_cuda.runtime.oom_as_memory_error",
+    "plugins/kbench-torch/kbench_torch/interop.py: kbench.enums.DType",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench.backends.Backend",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench.backends.Tunable",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench.enums.DType",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench.ops.Case",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-torch/kbench_torch/sdpa.py: kbench_cuda.runtime.oom_as_memory_error",
+    "plugins/kbench-torch/kbench_torch/substrate.py: kbench.kernelfile.Substrate",
+    "plugins/kbench-torch/kbench_torch/substrate.py: kbench.ops.Case",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench.backends.Backend",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench.backends.Tunable",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench.kernelfile.Substrate",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench.ops.Case",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench.ops.attention.softmax_scale",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench_torch.interop.as_torch",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench_torch.interop.to_device_array",
+    "plugins/kbench-triton/kbench_triton/backends.py: kbench_torch.interop.torch_dtype",
+    "plugins/kbench-triton/kbench_triton/cli.py: kbench.tables.render",
+    "plugins/kbench-triton/kbench_triton/runtime.py: kbench_torch.interop.as_torch",
+]
+
+#: where a pending import's name lives in kbench.api when it is not spelled the same
+RENAMED = {"kbench.tables.render": "render_table"}
+#: pending imports with no kbench.api equivalent yet, and why (the lead decides their home)
+NO_API_YET = {
+    # a worker-internal class under redesign (issue 11): evolve should register kernel files
+    # through a public constructor once the trust-boundary work settles what it is
+    "kbench.workers.KernelFileRef",
+    # which GPU the cuda device uses and whether it is usable: a question to the registered
+    # `cuda` Device (kbench-cuda's), not a helper of the core
+    "kbench_cuda.runtime.device_index",
+    "kbench_cuda.runtime.unavailable_reason",
+}
+
+
+def test_the_pending_rewire_list_is_exact():
+    # fails when a plugin gains an import from a core module (use kbench.api) or when the lead
+    # rewired one (then delete its line above)
+    assert core_imports_outside_api() == PENDING_REWIRE
+
+
+def test_every_pending_import_has_its_name_in_kbench_api():
+    missing = []
+    for entry in PENDING_REWIRE:
+        dotted = entry.split(": ", 1)[1]
+        if dotted in NO_API_YET:
+            continue
+        name = RENAMED.get(dotted, dotted.rsplit(".", 1)[1])
+        if name not in api.SURFACE:
+            missing.append(dotted)
+            continue
+        module, attribute = dotted.rsplit(".", 1)
+        if module.startswith("kbench."):  # the same object, so rewiring changes nothing else
+            assert getattr(api, name) is getattr(importlib.import_module(module), attribute), dotted
+    assert missing == []
+
+
+def test_the_scan_sees_a_core_import_in_a_plugin(tmp_path, monkeypatch):
+    pkg = tmp_path / "plugins" / "kbench-x" / "kbench_x"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("from kbench.api import Backend\nimport kbench\nfrom kbench.ops import Case\n"
+                                "from kbench_x.inner import y\nfrom kbench_torch.interop import as_torch\n")
+    (tmp_path / "examples/kbench-example-backend/kbench_example").mkdir(parents=True)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert core_imports_outside_api() == ["plugins/kbench-x/kbench_x/mod.py: kbench.ops.Case",
+                                          "plugins/kbench-x/kbench_x/mod.py: kbench_torch.interop.as_torch"]
+
+
+# --------------------------------------------------------------------------------------------
+# interop, on the CPU with real torch and NumPy
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("dtype", list(DType))
+def test_numpy_and_torch_views_share_memory_both_ways(dtype):
+    host = np.random.default_rng(3).standard_normal((2, 5, 3, 4)).astype(dtype.numpy)
+    t = api.as_torch(host, dtype)
+    assert t.dtype == api.torch_dtype(dtype) and t.data_ptr() == host.ctypes.data
+    back = api.as_numpy(t)
+    assert back.dtype == dtype.numpy and back.ctypes.data == host.ctypes.data
+    t[1, 2, 0, 3] = 5.0  # a write through torch shows in both NumPy views
+    assert float(host[1, 2, 0, 3]) == 5.0 and float(back[1, 2, 0, 3]) == 5.0
+
+
+def test_bf16_bits_are_reinterpreted_not_converted():
+    host = np.array([1.0, -2.5, 3.140625, np.inf], dtype=ml_dtypes.bfloat16)
+    bits = host.view(np.uint16)                      # the device storage convention
+    t = api.as_torch(bits, DType.BF16)
+    assert t.dtype == torch.bfloat16 and t.data_ptr() == bits.ctypes.data
+    assert t.tolist() == [1.0, -2.5, 3.140625, float("inf")]
+    assert api.as_numpy(bits, "bf16").dtype == ml_dtypes.bfloat16
+    assert api.as_numpy(bits, "bf16").tolist() == host.tolist()
+    assert np.array_equal(api.as_numpy(t).view(np.uint16), bits)
+
+
+def test_strided_views_stay_views():
+    host = np.zeros((2, 6, 4, 8), dtype=np.float16)
+    t = api.as_torch(host).transpose(1, 2)
+    back = api.as_numpy(t)
+    back[1, 2, 3, 4] = 1.5
+    assert float(host[1, 3, 2, 4]) == 1.5 and back.strides != host.strides
+
+
+def test_dlpack_producers_are_viewed():
+    t = torch.arange(6, dtype=torch.float32)
+    assert api.as_numpy(t).ctypes.data == t.data_ptr()
+
+    class Producer:  # any object speaking DLPack (as JAX or a vendor library would)
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.tensor.__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return self.tensor.__dlpack_device__()
+
+    assert api.as_torch(Producer(t)).data_ptr() == t.data_ptr()
+    assert api.as_numpy(Producer(t)).ctypes.data == t.data_ptr()
+
+
+def test_views_that_would_need_a_copy_are_refused_by_name():
+    with pytest.raises(TypeError, match="NumPy array is host memory: pass allow_copy=True"):
+        api.as_cupy(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="torch CPU tensor is host memory"):
+        api.as_cupy(torch.zeros(3))
+    with pytest.raises(TypeError, match="cannot view a builtins.list"):
+        api.as_torch([1.0, 2.0])
+    with pytest.raises(TypeError, match="cannot view a builtins.list"):
+        api.as_numpy([1.0, 2.0])
+
+
+def test_torch_tensors_pass_through():
+    x = torch.arange(4, dtype=torch.int16)
+    assert api.as_torch(x) is x and api.as_torch(x, DType.BF16).dtype == torch.bfloat16
+
+
+def test_cupy_is_reached_only_when_asked():
+    cupy = pytest.importorskip("cupy")
+    # a host array with allow_copy goes to CuPy: without a GPU CuPy's own CUDA error comes back
+    try:
+        arr = api.as_cupy(np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16), allow_copy=True)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pass
+    else:  # on a GPU machine: bf16 arrives as uint16 bit patterns
+        assert arr.dtype == cupy.uint16 and arr.get().view(ml_dtypes.bfloat16).tolist() == [1.0, 2.0]
+
+
+def test_oom_errors_of_array_libraries_become_memory_error():
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def kernel(x):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(MemoryError, match="Tried to allocate"):
+        api.oom_as_memory_error(kernel)(1)
+
+    def wrong(x):
+        raise ValueError("shape mismatch")
+
+    with pytest.raises(ValueError, match="shape mismatch"):
+        api.oom_as_memory_error(wrong)(1)

@@ -15,6 +15,39 @@ from kbench.enums import DType
 from kbench.ops import Case, CaseError, Op, Param
 
 
+#: a reference needing more float64 work than this (multiply-adds of Q K^T and P V over the checked rows)
+#: is offered to the ``kbench_float64_reference`` hook (a GPU computes it in well under a second; the host
+#: needs 3-18 s for a 16k-token case); smaller ones, the correctness cases, stay on the host
+LARGE_REFERENCE_FLOPS = 2e9
+
+
+def reference_flops(case: Case, rows: np.ndarray | None) -> float:
+    """Float64 work of the reference over the checked query rows."""
+    p = case.params
+    checked = p["seqlen_q"] if rows is None else len(rows)
+    return 4.0 * p["batch"] * p["heads_q"] * checked * p["seqlen_kv"] * p["head_dim"]
+
+
+def plugin_reference(case: Case, inputs: Mapping[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray | None:
+    """A plugin's float64 reference of a large case (``kbench_float64_reference``), or None.
+
+    A provider that fails is ignored (the host computes the reference): the reference must not depend
+    on an optional accelerator path working.
+    """
+    if reference_flops(case, rows) < LARGE_REFERENCE_FLOPS:
+        return None
+    try:
+        from kbench.plugins import get_plugin_manager
+
+        out = get_plugin_manager().hook.kbench_float64_reference(op="attention", case=case, inputs=inputs, rows=rows)
+    except Exception:  # noqa: BLE001 - fall back to the host reference
+        return None
+    expected = (case["batch"], case["seqlen_q"] if rows is None else len(rows), case["heads_q"], case["head_dim"])
+    if out is None or tuple(np.shape(out)) != expected:
+        return None
+    return np.asarray(out, dtype=np.float64)
+
+
 def softmax_scale(case: Case) -> float:
     return 1.0 / math.sqrt(case["head_dim"])
 
@@ -110,6 +143,9 @@ class AttentionOp(Op):
         return output if rows is None else output[:, rows]
 
     def reference(self, case: Case, inputs: Mapping[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
+        offloaded = plugin_reference(case, inputs, rows)  # large cases: a plugin's float64 (e.g. on the GPU)
+        if offloaded is not None:
+            return offloaded
         q = inputs["q"] if rows is None else inputs["q"][:, rows]
         return attention_float64(q, inputs["k"], inputs["v"], causal=case["causal"], scale=softmax_scale(case),
                                  rows=rows, seqlen_q=case["seqlen_q"])

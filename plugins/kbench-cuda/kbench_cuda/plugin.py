@@ -1,7 +1,8 @@
 """Entry point of the kbench-cuda plugin (group `kbench`). Imports nothing heavy at import time.
 
 Provides the ``cuda`` device, the ``cupy`` backend, the ``cupy`` kernel-file substrate, GPU
-detection (device name -> hardware profile) and CuPy/CUDA versions for the result files.
+detection (device name -> hardware profile), the attention op's float64 reference of large cases on
+the GPU, and CuPy/CUDA versions for the result files.
 """
 from __future__ import annotations
 
@@ -70,6 +71,15 @@ def kbench_detect_hardware(device, registry):
     if device.name != "cuda" or device.available():
         return None
     return gpu_profile(device, registry)
+
+
+@kbench.hookimpl
+def kbench_float64_reference(op, case, inputs, rows):
+    if op != "attention":
+        return None
+    from kbench_cuda.reference import gpu_reference
+
+    return gpu_reference(case, inputs, rows)
 
 
 @kbench.hookimpl

@@ -40,7 +40,7 @@ class Tunable:
         if self.choices:
             if any(value == c and type(value) is type(c) for c in self.choices):
                 return None
-            if any(str(value) == str(c) for c in self.choices):  # "64" for 64: say the type is wrong
+            if any(value == c or str(value) == str(c) for c in self.choices):  # "64" or 64.0 for 64: the type
                 return f"{value!r} is a {type(value).__name__}, not one of the choices"
             return f"{format_value(value)} is not one of the choices"
         if self.default is None or value is None:

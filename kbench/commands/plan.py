@@ -163,6 +163,12 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
             if not meeting:
                 for i, p in enumerate(shown, 1):
                     click.echo(f"{i}: {p.reason}")
+            else:
+                missing = [p for p in ranked if not p.meets]
+                if missing:
+                    click.echo(f"\n{len(missing)} other choices do not meet the SLO, e.g.:")
+                    for p in missing[:3]:
+                        click.echo(f"  {p.label}: {p.reason}")
             click.echo("\ngoodput: requests/s meeting the SLO. req/$: per dollar of device-hours; req/MJ: per "
                        "megajoule at every device's TDP. $/Mtok, kWh/Mtok: per million tokens (input + output) of "
                        "requests meeting the SLO. TTFT: mean wait + prefill (+ KV transfer), worst class. batch: "

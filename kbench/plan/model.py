@@ -343,24 +343,32 @@ class Planner:
                 return None
             need = _largest(lambda b: b / tpot_at(b) < demand / n, best) + 1
             wait = lam * mean_s2 / (2 * (1 - busy))
-            return busy, max_batch, need, tpot_at(min(need, best)), [wait + p.seconds for p in pre]
+            return busy, max_batch, need, tpot_at(min(need, best)), [wait + p.seconds for p in pre], best
 
         def ok(n: int) -> bool:
             s = state(n)
             return s is not None and self._attains(s[4], s[3])
 
         n = _smallest(ok, 1)
-        if n is None:   # the closest: the fewest instances that carry the load, at their latencies
-            n = _smallest(lambda k: state(k) is not None, 1)
+        if n is None:
+            # the closest plan: the fewest instances reaching the best attainment any pool size reaches (no
+            # queueing, decode batch 1)
+            _, tpot_alone = self._decode_pool(dm, tp)
+            reachable = self._attainment([p.seconds for p in pre], tpot_alone(1))
+
+            def closest(k: int) -> bool:
+                s = state(k)
+                return s is not None and self._attainment(s[4], s[3]) >= reachable - 1e-9
+            n = _smallest(closest, 1)
             if n is None:
                 plan.reason = "decode cannot keep up with the arrival rate within the pool size limit"
                 return plan
-        busy, max_batch, need, tpot, ttft = state(n)
+        busy, max_batch, need, tpot, ttft, best = state(n)
         plan.prefill_instances = plan.decode_instances = n
         plan.prefill_devices, plan.decode_devices = n * tp, 0
         plan.batch, plan.max_batch = need, max_batch
         plan.prefill_wall = _phase_wall(pre)
-        plan.decode_wall = self._decode_wall(dm, tp, need, max_batch, tpot_limited=tpot > wl.slo.tpot)
+        plan.decode_wall = self._decode_wall(dm, tp, best, max_batch)
         plan.origins = self._origins(dm, dm)
         return self._finish(plan, ttft, [0.0] * len(ttft), tpot)
 
@@ -398,28 +406,35 @@ class Planner:
             return [wait + p.seconds + x for p, x in zip(pre, transfer)]
 
         n_pre = _smallest(lambda n: ttft(n) is not None and self._attains(ttft(n), tpot), 1)
-        if n_pre is None:
-            n_pre = _smallest(lambda n: ttft(n) is not None, 1)
+        if n_pre is None:   # the closest: the fewest instances reaching the best attainment of any pool size
+            reachable = self._attainment([p.seconds + x for p, x in zip(pre, transfer)], tpot)
+            n_pre = _smallest(lambda n: ttft(n) is not None and self._attainment(ttft(n), tpot) >= reachable - 1e-9, 1)
         plan.prefill_instances, plan.decode_instances = n_pre, n_dec
         plan.prefill_devices, plan.decode_devices = n_pre * ptp, n_dec * dtp
         plan.batch, plan.max_batch = need, max_batch
         plan.prefill_wall = _phase_wall(pre)
         if max(transfer) > max(p.seconds for p in pre):
             plan.prefill_wall += f" (KV transfer {_t(max(transfer))} > prefill)"
-        plan.decode_wall = self._decode_wall(ddm, dtp, need, max_batch, tpot_limited=tpot > wl.slo.tpot)
+        plan.decode_wall = self._decode_wall(ddm, dtp, best, max_batch)
         plan.origins = self._origins(pdm, ddm)
         return self._finish(plan, ttft(n_pre), transfer, tpot)
 
-    def _attains(self, ttft: list[float], tpot: float) -> bool:
+    def _attainment(self, ttft: list[float], tpot: float) -> float:
+        """Share of requests in classes whose TTFT and the TPOT meet the SLO."""
         wl = self.workload
         if tpot > wl.slo.tpot:
-            return False
-        return sum(c.share for c, t in zip(wl.mix, ttft) if t <= wl.slo.ttft) >= wl.attainment - 1e-9
+            return 0.0
+        return sum(c.share for c, t in zip(wl.mix, ttft) if t <= wl.slo.ttft)
 
-    def _decode_wall(self, dm: DeviceModel, tp: int, batch: int, max_batch: int, tpot_limited: bool) -> str:
-        if batch >= max_batch:
+    def _attains(self, ttft: list[float], tpot: float) -> bool:
+        return self._attainment(ttft, tpot) >= self.workload.attainment - 1e-9
+
+    def _decode_wall(self, dm: DeviceModel, tp: int, best: int, max_batch: int) -> str:
+        """What limits the batch of a decode instance: ``capacity`` when memory holds fewer requests than the
+        TPOT SLO would allow, else the roof that binds a step at the largest batch meeting the TPOT."""
+        if best >= max_batch:
             return "capacity"
-        return dm.decode_step(batch, self.decode_context, tp).wall
+        return dm.decode_step(max(best, 1), self.decode_context, tp).wall
 
     def _origins(self, *dms: DeviceModel) -> tuple[str, ...]:
         found = set()

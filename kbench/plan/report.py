@@ -98,6 +98,9 @@ def sensitivity(planner_for: Any, base: Assumptions, by: str, factors: Iterable[
     if top0 is None:
         return ["sensitivity: no plan meets the SLO at the assumed efficiencies"]
     v0 = top0.metric(by)
+    if "roofline" not in top0.origins:
+        return [f"the top plan ({top0.label}) uses no assumed efficiency (its rates are "
+                f"{' and '.join(top0.origins)}): the assumptions do not move it"]
     for f in factors:
         top = _top(planner_for(base.scaled(f)).all_plans(), by)
         if top is None:

@@ -1,0 +1,368 @@
+"""kbench plan: the serving arithmetic by hand, measured-vs-roofline marking, bad inputs and exit codes."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kbench.cli import cli
+from kbench.hardware import HardwareProfile, builtin_profiles
+from kbench.plan.inputs import (SLO, Interconnect, RequestClass, Workload, builtin_interconnects, builtin_workloads,
+                                parse_duration, parse_slo)
+from kbench.plan.measured import rates_from_results
+from kbench.plan.model import Assumptions, Planner, best_per_choice
+from kbench.plan.report import pareto
+from kbench.roofline import ModelConfig, builtin_models, param_count
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_RESULTS = [ROOT / "results/cpu-amd-epyc-2c/attention-20261129-183310.json",
+               ROOT / "results/cpu-amd-epyc-2c/decode-cpu.json"]
+
+# A toy model small enough to count by hand: 2 layers, hidden 1024, 8 heads of 128 (MHA), SwiGLU 4096, vocab 1000.
+TOY = ModelConfig(name="toy", title="toy", layers=2, hidden=1024, heads_q=8, heads_kv=8, head_dim=128, ffn=4096,
+                  vocab=1000)
+# per layer: q,o 2*1024*1024 + k,v 2*1024*1024 = 4,194,304; norms 2,048; FFN 3*1024*4096 = 12,582,912
+# total = 2*(4,194,304 + 2,048 + 12,582,912) + final norm 1,024 + embed 1,024,000 + head 1,024,000
+TOY_TOTAL = 35_607_552
+TOY_MATMUL = TOY_TOTAL - 1_024_000          # the embedding lookup multiplies nothing
+TOY_KV_PER_TOKEN = 2 * 2 * 8 * 128 * 2      # K and V, 2 layers, 8 heads, d=128, bf16 = 8,192 B
+TOY_PAIR_FLOPS = 2 * 2 * 8 * (128 + 128)    # QK^T and PV per (query, key) pair, 2 layers x 8 heads = 8,192
+
+TOY_HW = HardwareProfile(name="toy-gpu", title="toy GPU", kind="gpu", peak_flops={"bf16": 100e12}, bandwidth=1e12,
+                         capacity=100e9, price_per_hour=2.0, power_watts=500.0, interconnects=("toy-link",))
+TOY_LINK = Interconnect(name="toy-link", title="toy link", scope="network", bandwidth=10e9, latency=10e-6)
+EXACT = Assumptions(compute_efficiency=1.0, bandwidth_efficiency=1.0, link_efficiency=1.0, usable_memory=1.0)
+
+
+def toy_planner(rate=1000.0, ttft=0.01, tpot=0.5e-3, **kwargs) -> Planner:
+    wl = Workload("toy", "toy", rate, (RequestClass(1.0, 1000, 100),), SLO(ttft, tpot), 0.9)
+    return Planner(TOY, wl, [TOY_HW], {"toy-link": TOY_LINK}, EXACT, tp_degrees=(1,), **kwargs)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, ["plan", *map(str, args)], catch_exceptions=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic by hand
+# ---------------------------------------------------------------------------------------------
+
+def test_toy_counts_by_hand():
+    pc = param_count(TOY)
+    assert pc.total == TOY_TOTAL and pc.matmul == TOY_MATMUL
+    dm = toy_planner().devices["toy-gpu"]
+    assert dm.kv_per_token == TOY_KV_PER_TOKEN
+    assert dm.weight_bytes == 2 * TOY_TOTAL
+
+
+def test_prefill_time_by_hand():
+    dm = toy_planner().devices["toy-gpu"]
+    # matmuls: 2 * 34,583,552 * 1000 FLOPs at 100 TFLOP/s = 691.67 us (the weight read, 79 us, is shorter)
+    gemm = 2 * TOY_MATMUL * 1000 / 100e12
+    # causal attention: 1000 * 1001 / 2 pairs * 8,192 FLOPs at 100 TFLOP/s = 41.0 us
+    attn = 1000 * 1001 / 2 * TOY_PAIR_FLOPS / 100e12
+    t = dm.prefill(1000, 1)
+    assert t.seconds == pytest.approx(gemm + attn, rel=1e-12)
+    assert t.seconds == pytest.approx(732.672e-6, rel=1e-6)
+    assert t.wall == "compute"
+    # two devices split the work
+    assert dm.prefill(1000, 2).seconds == pytest.approx(t.seconds / 2, rel=1e-12)
+
+
+def test_decode_step_by_hand():
+    dm = toy_planner().devices["toy-gpu"]
+    # batch 7 at 1,050 cached tokens: weights 71.2 MB read once (71.2 us) + 7 KV caches of 1050 * 8192 B (60.2 us)
+    t = dm.decode_step(7, 1050, 1)
+    assert t.seconds == pytest.approx(2 * TOY_TOTAL / 1e12 + 7 * 1050 * TOY_KV_PER_TOKEN / 1e12, rel=1e-12)
+    assert t.wall == "bandwidth"
+    # a batch of 200 makes the matmuls (2 * 34.6M * 200 FLOPs = 138 us) longer than the weight read
+    big = dm.decode_step(200, 1050, 1)
+    assert big.seconds == pytest.approx(2 * TOY_MATMUL * 200 / 100e12 + 200 * 1050 * TOY_KV_PER_TOKEN / 1e12)
+
+
+def step(b: int) -> float:
+    return max(2 * TOY_MATMUL * b / 100e12, 2 * TOY_TOTAL / 1e12) + b * 1050 * TOY_KV_PER_TOKEN / 1e12
+
+
+def test_disaggregated_plan_by_hand():
+    planner = toy_planner()
+    plan = planner.disaggregated(TOY_HW, 1, TOY_HW, 1, TOY_LINK)
+    # decode: the largest batch with a step <= 0.5 ms is 49 (49 * 8.6 us + 71.2 us = 492.7 us)
+    assert step(49) <= 0.5e-3 < step(50)
+    # 1000 req/s x 100 tokens = 100,000 tokens/s; one instance at batch 49 makes 49 / 492.7 us = 99,451/s: 2 instances
+    assert plan.decode_instances == math.ceil(1000 * 100 / (49 / step(49))) == 2
+    # each makes 50,000 tokens/s: the smallest batch doing so is 7 (b / step(b) >= 50,000 <=> b >= 6.25)
+    assert plan.batch == 7 and 6 / step(6) < 50_000 <= 7 / step(7)
+    assert plan.tpot == pytest.approx(step(7), rel=1e-12)
+    # prefill: one instance is 73% busy (1000/s x 732.672 us); M/G/1 wait = lambda E[S^2] / (2 (1 - rho))
+    s = 732.672e-6
+    rho = 1000 * s
+    wait = 1000 * s * s / (2 * (1 - rho))
+    transfer = 1000 * TOY_KV_PER_TOKEN / 10e9 + 10e-6          # 8.192 MB over 10 GB/s + 10 us
+    assert plan.prefill_instances == 1
+    assert plan.transfer[0] == pytest.approx(transfer, rel=1e-12)
+    assert plan.ttft[0] == pytest.approx(wait + s + transfer, rel=1e-6)
+    assert plan.ttft[0] == pytest.approx(2.5659e-3, rel=1e-4)
+    # 3 devices, $6/h, 1500 W, 1000 good requests/s of 1,100 tokens each
+    assert plan.meets and plan.devices == 3 and plan.attainment == 1.0
+    assert plan.per_device == pytest.approx(1000 / 3)
+    assert plan.per_dollar == pytest.approx(1000 * 3600 / 6.0)
+    assert plan.per_megajoule == pytest.approx(1000 / 1500 * 1e6)
+    assert plan.dollars_per_mtok == pytest.approx(6.0 / 3600 / 1.1e6 * 1e6)
+    assert plan.kwh_per_mtok == pytest.approx(1500 / 1.1e6 * 1e6 / 3.6e6)
+
+
+def test_aggregated_plan_by_hand():
+    planner = toy_planner()
+    plan = planner.aggregated(TOY_HW, 1)
+    s = 732.672e-6
+
+    def fits(n: int) -> tuple[bool, int, float]:
+        busy = 1000 / n * s
+        if busy > 0.8:
+            return False, 0, 0.0
+        best = max(b for b in range(1, 2000) if step(b) / (1 - busy) <= 0.5e-3)
+        need = min(b for b in range(1, best + 1) if b * (1 - busy) / step(b) >= 1000 * 100 / n) \
+            if best * (1 - busy) / step(best) >= 1000 * 100 / n else 0
+        ttft = 1000 / n * s * s / (2 * (1 - busy)) + s
+        return bool(need) and ttft <= 0.01, need, step(need) / (1 - busy) if need else 0.0
+    n = next(k for k in range(1, 100) if fits(k)[0])
+    assert plan.mode == "aggregated" and plan.prefill_instances == n == plan.devices
+    assert plan.batch == fits(n)[1]
+    assert plan.tpot == pytest.approx(fits(n)[2], rel=1e-12)
+    # n = 1: prefills keep the instance 73% busy, so a step may take 0.27 x 0.5 ms: batch <= 7, 14,200 tokens/s
+    # < 100,000. n = 2: 37% busy, batch <= 28, 28 x 0.63 / 312 us = 56,900 tokens/s >= 50,000 per instance.
+    assert n == 2
+
+
+def test_capacity_limits_the_batch_and_is_the_decode_wall():
+    # 1 GB device: 71.2 MB of weights leave 928.8 MB = 103 slots of 1,100 tokens x 8,192 B
+    small = HardwareProfile(name="toy-gpu", title="toy", kind="gpu", peak_flops={"bf16": 100e12}, bandwidth=1e12,
+                            capacity=1e9, price_per_hour=2.0, power_watts=500.0, interconnects=("toy-link",))
+    wl = Workload("toy", "toy", 5000.0, (RequestClass(1.0, 1000, 100),), SLO(1.0, 5e-3), 0.9)
+    planner = Planner(TOY, wl, [small], {"toy-link": TOY_LINK}, EXACT, tp_degrees=(1,))
+    plan = planner.disaggregated(small, 1, small, 1, TOY_LINK)
+    assert plan.max_batch == (10**9 - 2 * TOY_TOTAL) // (1100 * TOY_KV_PER_TOKEN) == 103
+    # the 5 ms TPOT would allow a batch of 500 (step(500) = 4.6 ms): memory binds first
+    assert step(500) < 5e-3 and plan.decode_wall == "capacity"
+    # on 100 GB (11,089 slots) the TPOT binds the batch, at the bandwidth roof
+    assert toy_planner(tpot=5e-3).disaggregated(TOY_HW, 1, TOY_HW, 1, TOY_LINK).decode_wall == "bandwidth"
+
+
+def test_slow_link_moves_ttft_by_the_transfer_time():
+    planner = toy_planner(ttft=1.0)    # loose, so that both plans keep one prefill instance
+    slow = Interconnect("slow", "slow", "network", 1e9, 1e-3)
+    fast = planner.disaggregated(TOY_HW, 1, TOY_HW, 1, TOY_LINK)
+    slow_plan = planner.disaggregated(TOY_HW, 1, TOY_HW, 1, slow)
+    delta = (1000 * TOY_KV_PER_TOKEN / 1e9 + 1e-3) - (1000 * TOY_KV_PER_TOKEN / 10e9 + 10e-6)
+    assert slow_plan.ttft[0] - fast.ttft[0] == pytest.approx(delta, rel=1e-9)
+
+
+def test_attainment_counts_classes_meeting_the_slo():
+    wl = Workload("two", "two", 10.0, (RequestClass(0.7, 1000, 100), RequestClass(0.3, 200_000, 100)),
+                  SLO(0.05, 1.0), 0.9)
+    planner = Planner(TOY, wl, [TOY_HW], {"toy-link": TOY_LINK}, EXACT, tp_degrees=(1,))
+    plan = planner.aggregated(TOY_HW, 1)
+    # a 200k-token prompt takes > 0.05 s (attention alone: 2e10 pairs x 8,192 FLOPs / 100 TFLOP/s = 1.6 s)
+    assert plan.attainment == pytest.approx(0.7) and not plan.meets
+    assert "200,000-token prompts" in plan.reason
+    assert plan.goodput == 0.0 or plan.goodput == pytest.approx(7.0)
+
+
+def test_pareto_front_by_hand():
+    # (cost, latency): (1, 5) and (2, 2) and (4, 1) trade off; (3, 3) is beaten by (2, 2); (2, 2) twice: both stay
+    pts = [(1, 5), (2, 2), (3, 3), (4, 1), (2, 2)]
+    assert pareto(pts) == [0, 1, 4, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured inputs
+# ---------------------------------------------------------------------------------------------
+
+def fake_results(records, name="toy-gpu"):
+    return [("fake.json", {"hardware": {"name": name, "title": "toy", "kind": "gpu", "peak_flops": {},
+                                        "bandwidth": None, "capacity": None}, "records": records})]
+
+
+def attention_record(seqlen, tflops, backend="b1", status="passed", op="attention", **case):
+    base = {"batch": 1, "seqlen_q": seqlen, "seqlen_kv": seqlen, "heads_q": 8, "heads_kv": 8, "head_dim": 128,
+            "causal": True, "dtype": "bf16", **case}
+    metric = {"tflops": tflops} if op == "attention" else {"gbps": tflops}
+    return {"backend": backend, "op": op, "case_id": f"{op}[sk={seqlen}]", "case": base, "status": status,
+            "metrics": metric}
+
+
+def test_measured_rates_interpolate_in_log_seqlen_and_take_the_best_backend():
+    rates = rates_from_results(fake_results([
+        attention_record(1024, 10.0), attention_record(4096, 30.0),
+        attention_record(4096, 40.0, backend="b2"),                     # faster backend at 4096: used
+        attention_record(2048, 99.0, status="failed"),                 # a failed record never counts
+        attention_record(1024, 5.0, head_dim=64),                       # another shape
+    ]))
+    planner = toy_planner(measured=rates)
+    dm = planner.devices["toy-gpu"]
+    r = dm.attention_rate(2048)          # halfway between 1024 and 4096 in log2: (10 + 40) / 2 TFLOP/s
+    assert r.origin == "measured" and r.value == pytest.approx(25e12)
+    assert "interpolated between seqlen 1,024 (b1) and 4,096 (b2)" in r.detail
+    held = dm.attention_rate(100_000)
+    assert held.value == pytest.approx(40e12) and "extrapolated" in held.detail
+    # decode KV reads were not measured: the roofline figure, marked so
+    assert dm.kv_read_rate(1050).origin == "roofline" and "assumed efficiency" in dm.kv_read_rate(1050).detail
+    # the measured rate is what the prefill time uses: attention at 25 TFLOP/s instead of 100
+    t = dm.prefill(2048, 1)
+    assert t.seconds == pytest.approx(2 * TOY_MATMUL * 2048 / 100e12 + 2048 * 2049 / 2 * TOY_PAIR_FLOPS / 25e12)
+    plan = planner.aggregated(TOY_HW, 1)
+    assert plan.origins == ("measured", "roofline")
+
+
+def test_measured_decode_rate_replaces_the_kv_read_roof():
+    rates = rates_from_results(fake_results([attention_record(1050, 250.0, op="decode_attention", seqlen_q=1),
+                                             attention_record(1050, 999.0, op="decode_attention", seqlen_q=4)]))
+    dm = toy_planner(measured=rates).devices["toy-gpu"]
+    r = dm.kv_read_rate(1050)
+    assert r.origin == "measured" and r.value == pytest.approx(250e9)       # the seqlen_q=4 record is not decode
+    assert dm.decode_step(7, 1050, 1).seconds == pytest.approx(2 * TOY_TOTAL / 1e12 + 7 * 1050 * TOY_KV_PER_TOKEN / 250e9)
+
+
+def test_rates_of_other_hardware_do_not_apply():
+    rates = rates_from_results(fake_results([attention_record(1024, 10.0)], name="other-gpu"))
+    assert toy_planner(measured=rates).devices["toy-gpu"].attention_rate(1024).origin == "roofline"
+
+
+# ---------------------------------------------------------------------------------------------
+# Data files
+# ---------------------------------------------------------------------------------------------
+
+def test_profiles_name_known_interconnects_and_cite_prices():
+    links = {i.name for i in builtin_interconnects()}
+    for p in builtin_profiles():
+        assert set(p.interconnects) <= links, p.name
+        if p.price_per_hour is not None:
+            assert "lambda.ai" in p.price_source and "2025" in p.price_source
+    names = {i.name for i in builtin_interconnects()}
+    assert {"nvlink4", "ib-ndr", "pcie5", "eth-400g"} <= names
+
+
+def test_workloads_shipped():
+    wls = {w.name: w for w in builtin_workloads()}
+    assert {"chat", "rag", "coding-agent"} <= set(wls)
+    agent = wls["coding-agent"]
+    assert min(c.input for c in agent.mix) == 300_000 and max(c.input for c in agent.mix) == 1_000_000
+    for w in wls.values():
+        assert sum(c.share for c in w.mix) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("text,seconds", [("2s", 2.0), ("50ms", 0.05), ("0.05", 0.05), ("3min", 180.0)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text, "--slo") == pytest.approx(seconds)
+
+
+def test_parse_slo_keeps_unset_keys():
+    assert parse_slo("tpot=20ms", SLO(2.0, 0.05)) == SLO(2.0, 0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+def test_must_show_command_and_the_worked_example_in_docs():
+    res = invoke("--model", "llama-3.1-70b", "--hardware", "h100-sxm,a100-80gb-sxm", "--workload", "coding-agent")
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.output.splitlines() if re.match(r"^\d+\s", line)]
+    assert any("aggregated h100-sxm x8" in r for r in rows)
+    assert any("P h100-sxm x8 -> D a100-80gb-sxm x8 via ib-ndr" in r for r in rows)
+    assert "compute | capacity" in res.output and "assumed efficiency 0.6" in res.output
+    # docs/plan.md works the first row out by hand; its figures must be the printed ones
+    first = rows[0].split()
+    doc = (ROOT / "docs/plan.md").read_text()
+    assert first[1:4] == ["aggregated", "h100-sxm", "x8"]
+    for figure in ("0.000562", "0.677", "0.804", "3.68", "0.861", "367", "27.3"):
+        assert figure in rows[0] and figure in doc, figure
+    # and the hand calculation's figures are the planner's
+    wl = {w.name: w for w in builtin_workloads()}["coding-agent"]
+    hw = {p.name: p for p in builtin_profiles()}
+    m = {x.name: x for x in builtin_models()}["llama-3.1-70b"]
+    planner = Planner(m, wl, [hw["h100-sxm"]], {i.name: i for i in builtin_interconnects()})
+    plan = planner.aggregated(hw["h100-sxm"], 8)
+    s = [planner.devices["h100-sxm"].prefill(c.input, 8).seconds for c in wl.mix]
+    assert s[0] == pytest.approx(33.634, abs=1e-3) and s[1] == pytest.approx(116.967, abs=1e-3)
+    mean_s = 0.6 * s[0] + 0.3 * s[1] + 0.1 * s[2]
+    busy = 0.05 / 10 * mean_s
+    wait = 0.05 / 10 * (0.6 * s[0] ** 2 + 0.3 * s[1] ** 2 + 0.1 * s[2] ** 2) / (2 * (1 - busy))
+    assert plan.prefill_instances == 10 and plan.ttft[1] == pytest.approx(wait + s[1], rel=1e-9)
+    for text in ("33.63", "116.97", "305.39", "61.78"):
+        assert text in doc, text
+
+
+def test_cpu_results_mark_measured_numbers():
+    res = invoke("--model", "llama-3.1-8b", "--hardware", "cpu", "--workload", "chat", "--kv", "fp32",
+                 "--slo", "ttft=20min,tpot=2s", "--rate", "0.001", "--price", "cpu=0.05",
+                 *[a for p in CPU_RESULTS for a in ("--results", p)])
+    assert res.exit_code == 0, res.output
+    assert "measured+calibrated" in res.output
+    assert re.search(r"prefill attention at 512 tokens\s+measured", res.output)
+    assert re.search(r"decode KV reads at [\d,]+ tokens\s+measured", res.output)
+    assert re.search(r"matmul FLOP/s\s+calibrated", res.output)
+    assert "uses no assumed efficiency" in res.output
+
+
+def test_json_output_and_plot(tmp_path):
+    import json
+
+    res = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm,a100-80gb-sxm", "-w", "chat", "--format", "json",
+                 "--plots", tmp_path, "--top", "0")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[: res.output.rindex("}") + 1])
+    assert data["meets_slo"] and all(p["meets_slo"] for p in data["plans"])
+    values = [p["requests_per_dollar"] for p in data["plans"]]
+    assert values == sorted(values, reverse=True)
+    assert {p["mode"] for p in data["plans"]} == {"aggregated", "disaggregated"}
+    assert (tmp_path / "plan-pareto.png").stat().st_size > 10_000
+
+
+def test_price_override_changes_the_ranking_figure():
+    base = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm", "-w", "chat", "--format", "json",
+                  "--interconnect", "ib-ndr")
+    cheap = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm", "-w", "chat", "--format", "json",
+                   "--interconnect", "ib-ndr", "--price", "h100-sxm=1.495")
+    import json
+
+    a, b = json.loads(base.output)["plans"][0], json.loads(cheap.output)["plans"][0]
+    assert b["requests_per_dollar"] == pytest.approx(2 * a["requests_per_dollar"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("-m", "llama-9", "-w", "chat"), "unknown model 'llama-9'"),
+    (("-m", "llama-3.1-8b", "-w", "chit"), "unknown workload 'chit'"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "h900"), "unknown hardware profile 'h900'"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--slo", "ttft=-1s"), "bad duration '-1s'"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--slo", "latency=1s"), "bad SLO item"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--price", "h100-sxm=free"), "bad price"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--interconnect", "carrier-pigeon"), "unknown interconnect"),
+    (("-m", "llama-3.1-70b", "-w", "coding-agent", "--hardware", "l40s"), "does not fit any plan"),
+    (("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "h100-sxm", "--slo", "tpot=0.1ms"), "no plan meets the SLO"),
+])
+def test_bad_input_exits_2_with_a_message(args, needle):
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert "Traceback" not in res.output
+
+
+def test_no_plan_meets_lists_the_closest():
+    res = invoke("-m", "llama-3.1-70b", "--hardware", "a100-80gb-sxm", "-w", "coding-agent")
+    assert res.exit_code == 2
+    assert "no plan meets the SLO; the closest plans" in res.output
+    assert "TTFT" in res.output and "600,000-token prompts" in res.output
+
+
+def test_bad_workload_file_names_file_and_place(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("version: 1\nworkloads:\n  - name: mine\n    rate: 1\n    slo: {ttft: 1, tpot: 0.1}\n"
+                    "    mix:\n      - {share: 0.5, input: 10, output: 10}\n")
+    res = invoke("-m", "llama-3.1-8b", "-w", "mine", "--workload-file", path)
+    assert res.exit_code == 2
+    assert str(path) in res.output and "sum to 0.5" in res.output and "line" in res.output

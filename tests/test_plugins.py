@@ -10,7 +10,8 @@ import pytest
 import kbench
 from kbench import hookspecs
 from kbench.errors import PluginError
-from kbench.plugins import DEFAULT_PLUGINS, PluginManager
+from kbench.plugins import DEFAULT_PLUGINS, PluginManager, PluginWarning, looks_like_kbench_group, plugin_report
+from kbench.registry import RegistrationWarning
 
 
 def write_module(tmp_path, name, body):
@@ -95,10 +96,23 @@ def test_duplicate_backend_names_both_plugins(on_path):
     assert "kbtest_dup_a" in str(err.value) and "kbtest_dup_b" in str(err.value)
 
 
-def test_duplicate_of_a_builtin_is_refused(on_path):
+def test_duplicate_of_a_builtin_blames_the_later_plugin(on_path):
     mod = write_module(on_path, "kbtest_dup_builtin", BACKEND_PLUGIN.format(name="numpy"))
-    with pytest.raises(PluginError, match="kbench.builtin.numpy_backends"):
+    with pytest.raises(PluginError) as err:
         PluginManager([mod], load_entry_points=False)
+    text = err.value.format()
+    # plugins register in the documented order: built-ins first, so the -p plugin is the duplicate
+    assert "registered by plugin 'kbench.builtin.numpy_backends' and again by plugin 'kbtest_dup_builtin'" in text
+    assert "KBENCH_DISABLE_PLUGINS=kbtest_dup_builtin" in text
+
+
+def test_registration_hooks_run_in_plugin_order(on_path):
+    a = write_module(on_path, "kbtest_order_a", BACKEND_PLUGIN.format(name="first"))
+    b = write_module(on_path, "kbtest_order_b", BACKEND_PLUGIN.format(name="second"))
+    pm = PluginManager([a, b], load_entry_points=False)
+    names = list(pm.registry.backends)
+    assert [i.name for i in pm.infos][-2:] == [a, b]
+    assert names.index("numpy") < names.index("first") < names.index("second")
 
 
 def test_plugin_raising_in_a_hook_is_named(on_path):
@@ -166,3 +180,128 @@ def test_imported_by_sees_what_an_import_pulls_in():
     # kbench.cli imports click, never torch: the helper must tell the two apart
     assert imported_by(["kbench.cli"], ("click", "torch")) == ["click"]
     assert imported_by(["kbench.builtin.numpy_backends"], ("torch", "cupy", "triton", "litellm")) == []
+
+
+# --------------------------------------------------------------------------------------------
+# mistakes that used to pass in silence, each with its message
+
+
+def test_module_without_hookimpl_warns_naming_the_functions(on_path):
+    mod = write_module(on_path, "kbtest_nomark", BACKEND_PLUGIN.format(name="nomark").replace("    @kbench.hookimpl\n", ""))
+    with pytest.warns(PluginWarning, match="'kbtest_nomark'.*kbench_register_backends is not decorated with "
+                                           "@kbench.hookimpl, so kbench ignores it"):
+        pm = PluginManager([mod], load_entry_points=False)
+    assert "nomark" not in pm.registry.backends
+
+
+def test_module_with_no_hooks_at_all_warns(on_path):
+    mod = write_module(on_path, "kbtest_empty", "X = 1\n")
+    with pytest.warns(PluginWarning, match="'kbtest_empty'.*implements no kbench hook: it registers nothing"):
+        PluginManager([mod], load_entry_points=False)
+
+
+def test_entry_point_in_a_mistyped_group_is_reported(on_path):
+    write_module(on_path, "kbtest_group", BACKEND_PLUGIN.format(name="grouped"))
+    dist = on_path / "kbtest_group_dist-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kbtest-group-dist\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[kbench.plugins]\nmine = kbtest_group\n")
+    with pytest.warns(PluginWarning, match="entry point mine = kbtest_group \\(distribution kbtest-group-dist 1.0\\) "
+                                           "is in group 'kbench.plugins', which kbench does not read"):
+        pm = PluginManager()
+    assert "grouped" not in pm.registry.backends
+    report = plugin_report(pm)
+    assert {"group": "kbench.plugins", "name": "mine", "value": "kbtest_group",
+            "where": "distribution kbtest-group-dist 1.0"} in report["misplaced"]
+    numpy = next(p for p in report["plugins"] if p["name"] == "kbench.builtin.numpy_backends")
+    assert numpy["source"] == "default" and numpy["hooks"] == ["kbench_register_backends"]
+    assert numpy["registered"] == {"backend": ["numpy", "numpy-flash"]}
+
+
+@pytest.mark.parametrize("group, typo", [("kbench.plugins", True), ("kbench-plugins", True), ("Kbench", True),
+                                         ("kbnech", True), ("kbench", False), ("kbench_evolve.operators", False),
+                                         ("pytest11", False), ("console_scripts", False)])
+def test_group_typo_detection(group, typo):
+    assert looks_like_kbench_group(group) is typo
+
+
+ODD_BACKEND = """
+    import kbench
+    from kbench.backends import Backend
+
+    class Odd(Backend):
+        name = "odd"
+        {attrs}
+        def prepare(self, case):
+            def run(q, k, v, out):
+                out[...] = q
+            return run
+
+    @kbench.hookimpl
+    def kbench_register_backends(registry):
+        registry.add_backend(Odd())
+"""
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ('op = "attenton"', "plugin 'kbtest_odd', backend 'odd': unknown op 'attenton' \\(did you mean 'attention'\\?\\)"
+                        ".*fix: set `op` to one of: attention, decode_attention"),
+    ('device = "CPU"', "plugin 'kbtest_odd', backend 'odd': device 'CPU' is not a device name \\(did you mean "
+                       "'cpu'\\?\\).*fix: device names are lowercase; known devices: cpu"),
+    ("def supports(self, case) -> bool:\n            return True",
+     "backend 'odd': supports\\(\\) is declared to return bool.*returns None for yes and a reason string"),
+])
+def test_registration_checks_name_plugin_backend_and_known_names(on_path, attrs, message):
+    mod = write_module(on_path, "kbtest_odd", ODD_BACKEND.replace("{attrs}", attrs))
+    with pytest.raises(PluginError, match=f"(?s){message}"):
+        PluginManager([mod], load_entry_points=False)
+
+
+def test_a_device_no_plugin_provides_warns_and_is_kept(on_path):
+    mod = write_module(on_path, "kbtest_odd", ODD_BACKEND.replace("{attrs}", 'device = "tpu"'))
+    with pytest.warns(RegistrationWarning, match="backend 'odd': device 'tpu' is not registered by any plugin"):
+        pm = PluginManager([mod], load_entry_points=False)
+    assert pm.registry.backends["odd"].device == "tpu"
+
+
+@pytest.mark.parametrize("method, answer, said", [
+    ("supports(self, case)", "True", "supports() returned True (bool)"),
+    ("supports(self, case)", "False", "supports() returned False (bool)"),
+    ("available(self)", "True", "available() returned True (bool)"),
+    ("available(self)", '""', "available() returned '' (str)"),
+    ("info(self)", '"v1"', "info() returned str, not a dict"),
+])
+def test_bool_answers_are_errors_naming_the_plugin_never_skips(on_path, method, answer, said):
+    from kbench.testing import check_backend, make_case
+
+    mod = write_module(on_path, "kbtest_bool", ODD_BACKEND.replace(
+        "{attrs}", f"def {method}:\n            return {answer}"))
+    pm = PluginManager([mod], load_entry_points=False)
+    rec = check_backend(pm, pm.registry.backends["odd"], make_case(pm))
+    assert rec["status"] == "error", rec  # never "skipped: True", never counted as supported
+    assert said in rec["reason"] and "backend 'odd' of plugin 'kbtest_bool'" in rec["reason"]
+
+
+def test_error_records_point_at_their_traceback(on_path, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from kbench.cli import cli
+    from kbench.hints import traceback_hint
+
+    body = ODD_BACKEND.replace("out[...] = q", "raise ValueError('bad tile')").replace("{attrs}", "")
+    mod = write_module(on_path, "kbtest_raise", body)
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli, ["-p", mod, "run", "suites/smoke.yaml", "-b", "odd", "-k", "d=64",
+                                   "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    records = json.loads(out.read_text())["records"]
+    assert {r["status"] for r in records} == {"error"} and all("bad tile" in r["traceback"] for r in records)
+    hint = traceback_hint(records, out)
+    assert hint.startswith(f"kbench: 2 records ended with an error; the tracebacks are in {out}")
+    assert "First: odd on attention[b=2," in hint and "ValueError: bad tile" in hint
+    assert f"kbench show {out} --format json -k odd" in hint
+    shown = CliRunner().invoke(cli, ["show", str(out), "--format", "json", "-k", "odd"])
+    assert "bad tile" in shown.output  # the command the hint gives does show the traceback
+    assert traceback_hint([r for r in records if False], out) is None

@@ -38,16 +38,9 @@ from kbench.errors import BadInput
 from kbench.execute import ExecContext, base_record, execute
 from kbench.integrity import IntegritySettings, literal_globals, parent_clock_check, static_failure
 from kbench.ops import Case
+from kbench.sandbox import ENV_DENY, sandbox_environment
 from kbench.suite import CheckSettings
 from kbench.timing import TimingSettings, estimated_seconds
-
-#: environment variables never handed to a worker (matched case-insensitively)
-SECRET_PATTERNS: tuple[str, ...] = (
-    "*API_KEY*", "*APIKEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY",
-    "*PRIVATE*", "AWS_*", "AZURE_*", "GOOGLE_APPLICATION_CREDENTIALS", "GCLOUD_*", "GH_*", "GITHUB_*",
-    "GITLAB_*", "HF_*", "HUGGING*", "OPENAI_*", "ANTHROPIC_*", "LITELLM_*KEY*", "SSH_AUTH_SOCK", "NETRC",
-    "*_AUTH*", "DOCKER_*", "KUBECONFIG", "PGPASS*", "DATABASE_URL", "*_DSN",
-)
 
 STDERR_TAIL = 4000           # characters of a worker's output kept for a record
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
@@ -60,18 +53,21 @@ def default_case_timeout(timing: TimingSettings) -> float:
 
 
 def is_secret(name: str) -> bool:
+    """A name that looks like a credential (never handed to a trusted worker either)."""
     upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_PATTERNS)
+    return any(fnmatch.fnmatchcase(upper, p) for p in ENV_DENY if "*" in p)
 
 
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
-    """The parent's environment without secrets; the parent's import path; a scratch home when sandboxed."""
+    """A sandboxed worker's environment (``scratch`` given): only the allow-listed variables
+    (:data:`kbench.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
+    A trusted worker's: the parent's environment without credential-like names."""
+    if scratch:
+        return sandbox_environment(base, scratch)
     env = {k: v for k, v in base.items() if not is_secret(k)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
-    if scratch:
-        env.update({"HOME": scratch, "TMPDIR": scratch, "TMP": scratch, "TEMP": scratch})
     return env
 
 
@@ -203,6 +199,10 @@ class WorkerSetup:
     memory_limit: int | None = None
     file_size_limit: int | None = None
     scratch: str | None = None
+    #: start under bubblewrap (kbench.sandbox); False for trusted workers and with --allow-unsandboxed
+    bwrap: bool = False
+    #: install the audit hook (kbench.guard) before candidate code loads: every untrusted worker
+    guard: bool = False
 
 
 def _die_with_parent() -> None:
@@ -217,12 +217,19 @@ def _die_with_parent() -> None:
 
 
 def _set_limits(setup: WorkerSetup) -> None:
+    """Hard rlimits (soft = hard: candidate code cannot raise them again).
+
+    Every worker gets its address-space limit (``memory_limit``, decided by the pool); an untrusted
+    one also the file size, open files and process count limits of :func:`kbench.sandbox.hard_limits`.
+    """
     import resource
 
-    for which, value in ((resource.RLIMIT_AS, setup.memory_limit), (resource.RLIMIT_FSIZE, setup.file_size_limit)):
-        if value:
-            # hard = soft: candidate code cannot raise them again
-            resource.setrlimit(which, (int(value), int(value)))
+    from kbench.sandbox import apply_limits, hard_limits
+
+    if setup.sandbox:
+        apply_limits(hard_limits(memory=setup.memory_limit, file_size=setup.file_size_limit))
+    elif setup.memory_limit:
+        apply_limits({resource.RLIMIT_AS: int(setup.memory_limit)})
 
 
 def _set_cpu_budget(seconds: float | None) -> None:
@@ -238,6 +245,27 @@ def _set_cpu_budget(seconds: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def _install_guard(setup: WorkerSetup):
+    """The audit hook of kbench.guard, scoped to this worker's scratch directory."""
+    import kbench.kernelfile  # noqa: F401 - loaded now: the guard refuses kbench imports from candidate code
+    from kbench import guard
+    from kbench.sandbox import SYSTEM_DIRS, readable_roots
+
+    return guard.install(setup.scratch or tempfile.gettempdir(), system_roots=[*readable_roots(), *SYSTEM_DIRS])
+
+
+def _after_job(setup: WorkerSetup, guard, record: dict[str, Any]) -> dict[str, Any]:
+    """An untrusted job's record fails when it left processes running in the sandbox (they are
+    killed: nothing may burn CPU while the next backend is measured) or the audit hook refused an event."""
+    if setup.bwrap:
+        from kbench.sandbox import kill_strays
+
+        strays = kill_strays()
+        if strays:
+            record.update(status=Status.FAILED.value, reason=strays)
+    return guard.verdict(record) if guard is not None else record
+
+
 def child_main(fd: int) -> None:
     conn = Connection(fd)
     _die_with_parent()
@@ -248,8 +276,7 @@ def child_main(fd: int) -> None:
     except (EOFError, OSError):
         return
     try:
-        if setup.sandbox:
-            _set_limits(setup)
+        _set_limits(setup)
         from kbench.integrity import HarnessSnapshot
         from kbench.plugins import get_plugin_manager
 
@@ -260,6 +287,8 @@ def child_main(fd: int) -> None:
         snapshot = HarnessSnapshot(device) if setup.integrity.check_harness else None
         ctx = ExecContext(op=reg.op(setup.op), device=device, check=setup.check, timing=setup.timing,
                           hardware=setup.hardware, integrity=setup.integrity, harness=snapshot)
+        # last: every harness module this worker needs is loaded; from here on candidate code may run
+        guard = _install_guard(setup) if setup.guard else None
     except BaseException as exc:  # noqa: BLE001 - report why this worker cannot work, then stop
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
@@ -286,6 +315,7 @@ def child_main(fd: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - a backend that cannot even be built is a record
             record = base_record(spec.name, case, device.name)
             record.update(status=Status.ERROR.value, reason=f"{type(exc).__name__}: {exc}")
+        record = _after_job(setup, guard, record)  # refused events, processes left running: a failed record
         record["worker_seconds"] = time.perf_counter() - t0
         try:
             conn.send(("record", record))
@@ -363,14 +393,30 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        """Start the worker process; an untrusted one under bubblewrap (:mod:`kbench.sandbox`).
+
+        The channel is one end of a socketpair passed by fd number; bwrap keeps inherited fds open,
+        so the protocol is the same inside the sandbox and out.
+        """
         self.scratch = tempfile.mkdtemp(prefix="kbench-worker-")
         setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch})
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)
+        argv = [sys.executable, "-m", "kbench.workers", str(child_sock.fileno())]
+        popen: type[subprocess.Popen] = subprocess.Popen
+        if setup.bwrap:
+            from kbench.sandbox import BwrapProcess, bwrap_command, probe
+
+            status = probe()
+            if not status.available:
+                child_sock.close()
+                parent_sock.close()
+                raise WorkerFailed(f"the sandbox is unavailable: {status.reason}")
+            argv = bwrap_command(status.binary, argv, scratch=self.scratch, cuda=setup.device == "cuda")
+            popen = BwrapProcess
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kbench.workers", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.proc = popen(
+                argv, pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, cwd=self.scratch if setup.sandbox else None, env=env,
                 start_new_session=True)  # own process group: no terminal Ctrl-C, killed as a group
         finally:
@@ -446,6 +492,8 @@ class Worker:
         return rec
 
     def kill(self) -> None:
+        """SIGKILL the worker's process group. Under bwrap that is bwrap itself: its PID namespace's init
+        dies with it (--die-with-parent) and the kernel kills every process left in the namespace."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -493,6 +541,8 @@ class WorkerPool:
     case_timeout: float | None = None
     max_workers: int = 8
     workers: OrderedDict = field(default_factory=OrderedDict)
+    #: run untrusted backends without bubblewrap where it does not work here (recorded in the result)
+    allow_unsandboxed: bool = False
 
     @property
     def timeout(self) -> float:
@@ -502,20 +552,52 @@ class WorkerPool:
         return tuple(i.module for i in self.pm.infos if i.source == "-p/KBENCH_PLUGINS")
 
     def _setup(self, sandbox: bool) -> WorkerSetup:
+        """A worker's setup: every worker has a memory limit; an untrusted one the sandbox and the guard."""
+        from kbench.sandbox import probe
+
         integ = self.ctx.integrity
-        memory = integ.memory_limit
-        if sandbox and memory is None and self.ctx.device.name == "cpu":
-            total = total_memory()
-            memory = total // 2 if total else None  # CUDA reserves huge address ranges: no RLIMIT_AS there
+        bwrap = sandbox and (probe().available or not self.allow_unsandboxed)
         return WorkerSetup(plugins=self.plugins(), device=self.ctx.device.name, op=self.ctx.op.name,
                            check=self.ctx.check, timing=self.ctx.timing, hardware=self.ctx.hardware, integrity=integ,
-                           sandbox=sandbox, memory_limit=memory if sandbox else None,
-                           file_size_limit=integ.file_size_limit if sandbox else None)
+                           sandbox=sandbox, memory_limit=self.memory_limit(),
+                           file_size_limit=integ.file_size_limit if sandbox else None, bwrap=bwrap, guard=sandbox)
+
+    def memory_limit(self) -> int | None:
+        """RLIMIT_AS of each worker: the suite's ``integrity.memory_limit``, else RAM shared by the live
+        workers (:func:`kbench.sandbox.memory_limit`); none on CUDA, whose driver reserves huge address ranges."""
+        from kbench.sandbox import memory_limit
+
+        if self.ctx.integrity.memory_limit:
+            return int(self.ctx.integrity.memory_limit)
+        if self.ctx.device.name != "cpu":
+            return None
+        return memory_limit(total_memory(), self.max_workers)
+
+    def _refusal(self, backend: Backend, case: Case) -> dict[str, Any] | None:
+        """The record of work refused before it starts: untrusted code with no sandbox (``cause``:
+        infrastructure, the candidate is not to blame), a case too big for a worker's memory limit."""
+        from kbench.sandbox import UNSANDBOXED_FIX, memory_refusal, probe
+
+        rec = base_record(backend.name, case, self.ctx.device.name)
+        if not backend.trusted and not self.allow_unsandboxed:
+            status = probe()
+            if not status.available:
+                rec.update(status=Status.ERROR.value, reason=f"sandbox {status.describe()}; {UNSANDBOXED_FIX}",
+                           cause="infrastructure")
+                return rec
+        why = memory_refusal(self.ctx.op.footprint(case), self.memory_limit())
+        if why:
+            rec.update(status=Status.SKIPPED.value, reason=f"memory: {why}")
+            return rec
+        return None
 
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]:
         if (backend.trusted and not self.isolate) or backend.device != self.ctx.device.name:
             # in-process; a backend of another device is skipped by execute() before any of its code runs
             return execute(self.ctx, backend, case)
+        refusal = self._refusal(backend, case)  # no sandbox here, or too big for a worker's memory limit
+        if refusal is not None:
+            return refusal
         if not backend.trusted:
             static = static_failure(self.ctx.integrity, backend)
             if static:  # refused before any of its code runs

@@ -1,0 +1,259 @@
+"""The audit hook of untrusted workers: refuses what a kernel has no business doing.
+
+Installed with :func:`install` in a sandboxed worker after the trusted plugins loaded and before
+any candidate code (a kernel file) is imported. Defence in depth behind the OS sandbox
+(:mod:`kbench.sandbox`): the sandbox is what stops an escape; the guard turns the attempt into a
+``failed`` record that names it ("audit: refused socket.connect ...") instead of a quiet no-op.
+
+Two kinds of events (https://docs.python.org/3/library/audit_events.html):
+
+* **never allowed** after install, whoever raises them: sockets, ``os.system``, fork, exec, spawn,
+  signals to other processes, a subprocess other than the C toolchain Triton's JIT runs, writes
+  (``open`` for writing, remove, rename, mkdir, chmod...) outside the scratch directory, loading a
+  shared library or extension module from a writable place (except Triton's own cache), importing a
+  forbidden module (FlashAttention, xFormers, cuDNN bindings, kbench internals not already loaded).
+* **introspection**, refused when candidate code asks for it (the nearest frame that is not
+  import/ctypes/inspect machinery belongs to a file in the scratch directory, where the worker
+  keeps the kernel file it loads): frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``,
+  ``gi_frame``...), ``gc`` walks, tracing and profiling hooks, ``exec``/``compile``, every ``ctypes``
+  call. NumPy, Triton (interpreter and JIT) and CuPy do these things themselves, from their own
+  frames, and keep working.
+
+An audit hook cannot be removed once added, and the candidate has no reference to the
+:class:`Guard` (the worker holds it in a local variable; frame and ``gc`` access are refused).
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import threading
+from typing import Any, Iterable
+
+#: modules a kernel may not import, however the import is spelled (fnmatch on the module name)
+FORBIDDEN_MODULES: tuple[str, ...] = ("flash_attn", "flash_attn.*", "flash_attn_*", "xformers", "xformers.*",
+                                      "cudnn", "cudnn.*", "transformer_engine", "transformer_engine.*")
+
+#: modules candidate code may not import itself (libraries it imports may: torch imports multiprocessing)
+CANDIDATE_FORBIDDEN_MODULES: tuple[str, ...] = ("socket", "_socket", "ssl", "_ssl", "http", "http.*", "urllib.request",
+                                                "ftplib", "smtplib", "multiprocessing", "multiprocessing.*",
+                                                "_posixsubprocess", "subprocess", "pty", "gc", "ctypes", "ctypes.*",
+                                                "_ctypes", "resource", "signal", "faulthandler", "_thread")
+
+#: executables a subprocess may run (the C toolchain and CUDA tools Triton's JIT calls)
+ALLOWED_EXECUTABLES: frozenset[str] = frozenset({"cc", "gcc", "g++", "c++", "clang", "clang++", "ptxas", "nvcc",
+                                                 "cuobjdump", "nvdisasm", "ldconfig", "ldconfig.real", "nvlink"})
+
+#: events refused whoever raises them (prefix match when the name ends with a dot)
+NEVER: tuple[str, ...] = ("socket.", "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
+                          "os.startfile", "pty.spawn", "sys.addaudithook", "sys.remote_exec",
+                          "os.setuid", "os.setgid", "webbrowser.open", "urllib.Request", "ftplib.", "smtplib.",
+                          "http.client.", "imaplib.", "poplib.", "telnetlib.", "nntplib.")
+
+#: events refused when candidate code raises them itself
+INTROSPECTION: tuple[str, ...] = ("sys._getframe", "sys._getframemodulename", "sys._current_frames",
+                                  "sys._current_exceptions", "gc.get_objects", "gc.get_referrers",
+                                  "gc.get_referents", "sys.settrace", "sys.setprofile", "sys.monitoring.",
+                                  "exec", "compile", "ctypes.", "code.__new__", "function.__new__",
+                                  "os.kill", "os.killpg", "signal.pthread_kill")
+
+#: attributes that lead to frames: candidate code may not read them (``object.__getattr__`` events)
+FRAME_ATTRIBUTES: frozenset[str] = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+#: attributes candidate code may not read, set or delete on the harness's own functions and classes
+HARNESS_ATTRIBUTES: frozenset[str] = frozenset({"__code__", "__globals__", "__closure__", "__defaults__",
+                                                "__kwdefaults__", "__dict__"})
+
+#: events that write to a path (the path is the first argument)
+WRITES: frozenset[str] = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link",
+                                    "os.truncate", "os.chmod", "os.chown", "os.utime", "os.chflags", "os.lchmod",
+                                    "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile", "shutil.move",
+                                    "os.setxattr", "os.removexattr"})
+
+#: files whose frames are machinery between the candidate and an event, not its originator
+_PASS_THROUGH = ("<frozen importlib", os.sep + "importlib" + os.sep, os.sep + "ctypes" + os.sep,
+                 os.sep + "inspect.py", os.sep + "traceback.py", os.sep + "functools.py", os.sep + "operator.py")
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+class AuditRefused(PermissionError):
+    """Raised in the worker when the guard refuses an event."""
+
+
+class Guard:
+    """The installed hook's state: the scratch directory, what was loaded before, what was refused."""
+
+    def __init__(self, scratch: str, *, system_roots: Iterable[str] = ()) -> None:
+        self.scratch = os.path.realpath(scratch)
+        self.triton_cache = os.path.join(self.scratch, ".triton")
+        self.system_roots = tuple(os.path.realpath(r) for r in system_roots if r)
+        self.loaded_kbench = frozenset(m for m in sys.modules if m == "kbench" or m.startswith("kbench."))
+        self.refusals: list[str] = []
+        self._busy = threading.local()
+
+    # -- the hook
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if getattr(self._busy, "on", False):
+            return  # events raised by this hook's own work (its sys._getframe)
+        self._busy.on = True
+        try:
+            why = self._judge(event, args)
+        finally:
+            self._busy.on = False
+        if why is not None:
+            self.refusals.append(why)
+            raise AuditRefused(why)
+
+    def _judge(self, event: str, args: tuple) -> str | None:
+        if event == "open":
+            return self._open(args)
+        if event == "import":
+            return self._import(args)
+        if event == "object.__getattr__" and len(args) > 1:
+            if args[1] in FRAME_ATTRIBUTES:
+                return self._if_candidate(f"{event} {args[1]!r}")
+            if args[1] in HARNESS_ATTRIBUTES:
+                # Triton's JIT and torch read these constantly; candidate code reading them on kbench's own
+                # functions is how harness state is reached
+                return self._if_candidate(f"{event} {args[1]!r} of {_short((args[0],))}", target=args[0])
+            return None
+        if event in ("object.__setattr__", "object.__delattr__") and args:
+            # raised for attributes of classes: patching a harness class from a kernel
+            return self._if_candidate(f"{event} {_short(args[:2])}", target=args[0])
+        if event == "subprocess.Popen":
+            return self._popen(args)
+        if event == "ctypes.dlopen":
+            return self._dlopen(args)
+        if event in WRITES:
+            return self._writes(event, args)
+        if _matches(event, NEVER):
+            return f"audit: refused {event} {_short(args)}"
+        if _matches(event, INTROSPECTION):
+            return self._if_candidate(f"{event} {_short(args)}")
+        return None
+
+    # -- the rules
+
+    def _open(self, args: tuple) -> str | None:
+        path, mode, flags = (tuple(args) + (None, None, None))[:3]
+        if isinstance(path, int) or path is None:
+            return None
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & _WRITE_FLAGS)
+        if not writing or self._writable(path):
+            return None
+        return f"audit: refused open {_path(path)!r} for writing (outside the scratch directory {self.scratch})"
+
+    def _writes(self, event: str, args: tuple) -> str | None:
+        paths = [a for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))]
+        bad = [p for p in paths if not self._writable(p)]
+        if not bad:
+            return None
+        return f"audit: refused {event} {_path(bad[0])!r} (outside the scratch directory {self.scratch})"
+
+    def _writable(self, path: Any) -> bool:
+        real = os.path.realpath(_path(path))
+        # /dev/shm: the sandbox's own tmpfs (shared memory segments)
+        return real == os.devnull or _under(real, self.scratch) or _under(real, "/dev/shm")
+
+    def _import(self, args: tuple) -> str | None:
+        name = args[0] if args else ""
+        filename = args[1] if len(args) > 1 else None
+        if any(fnmatch.fnmatchcase(name, p) for p in FORBIDDEN_MODULES):
+            return f"audit: refused import {name} (a forbidden module)"
+        if (name == "kbench" or name.startswith("kbench.")) and name not in self.loaded_kbench:
+            return self._if_candidate(f"import {name} (kbench internals)")
+        if any(fnmatch.fnmatchcase(name, p) for p in CANDIDATE_FORBIDDEN_MODULES):
+            return self._if_candidate(f"import {name}")
+        if isinstance(filename, str) and not filename.endswith(".py") and self._loads_from_writable(filename):
+            return f"audit: refused import {name} from {filename} (a compiled module from a writable place)"
+        return None
+
+    def _popen(self, args: tuple) -> str | None:
+        executable = args[0] if args else None
+        argv = args[1] if len(args) > 1 else None
+        if executable is None and argv:
+            executable = argv[0] if isinstance(argv, (list, tuple)) else argv
+        exe = _path(executable) if executable is not None else ""
+        base = os.path.basename(exe)
+        resolved = os.path.realpath(exe) if os.sep in exe else exe
+        if base in ALLOWED_EXECUTABLES and not _under(resolved, self.scratch) and not resolved.startswith("/tmp"):
+            return None
+        return f"audit: refused subprocess.Popen {exe!r} (only the C toolchain Triton's JIT needs may run)"
+
+    def _dlopen(self, args: tuple) -> str | None:
+        name = args[0] if args else None
+        if name is None or os.sep not in _path(name):
+            return None  # the process itself or a library found by the loader in the system's directories
+        if not self._loads_from_writable(_path(name)):
+            return None
+        return f"audit: refused ctypes.dlopen {_path(name)!r} (a shared library from a writable place)"
+
+    def _loads_from_writable(self, filename: str) -> bool:
+        real = os.path.realpath(filename)
+        if _under(real, self.triton_cache):
+            return False  # Triton's JIT compiles its launcher there and imports it
+        if _under(real, self.scratch) or real.startswith(("/tmp/", "/dev/shm/", "/var/tmp/")):
+            return True
+        return bool(self.system_roots) and not any(_under(real, r) for r in self.system_roots)
+
+    def _if_candidate(self, what: str, *, target: Any = None) -> str | None:
+        """Refused when candidate code raised the event (and, with ``target``, it concerns kbench's own objects)."""
+        if target is not None:
+            module = getattr(target, "__module__", None)
+            if not isinstance(module, str) or not (module == "kbench" or module.startswith("kbench.")):
+                return None  # the kernel's own functions and classes, NumPy's, Triton's: fine
+        origin = self._originator()
+        if origin is None or not _under(origin, self.scratch):
+            return None
+        return f"audit: refused {what}"
+
+    def _originator(self) -> str | None:
+        """The file of the nearest frame that is not import, ctypes or inspect machinery (or this module)."""
+        frame = sys._getframe()
+        here = __file__
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name != here and not any(p in name for p in _PASS_THROUGH):
+                return os.path.realpath(name) if name.startswith(os.sep) else name
+            frame = frame.f_back
+        return None
+
+    # -- the verdict
+
+    def verdict(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` failed when any event was refused while it was made (the refusals are then cleared)."""
+        if not self.refusals:
+            return record
+        first, more = self.refusals[0], len(self.refusals) - 1
+        self.refusals.clear()
+        record["status"] = "failed"
+        record["reason"] = first + (f" (and {more} more refused event{'s' * (more > 1)})" if more else "")
+        record.setdefault("integrity", {}).setdefault("checks", []).append("audit")
+        return record
+
+
+def install(scratch: str, *, system_roots: Iterable[str] = ()) -> Guard:
+    """Add the audit hook for this process (for good: audit hooks cannot be removed) and return its state."""
+    guard = Guard(scratch, system_roots=system_roots)
+    sys.addaudithook(guard)
+    return guard
+
+
+def _matches(event: str, patterns: tuple[str, ...]) -> bool:
+    return any(event.startswith(p) if p.endswith(".") else event == p for p in patterns)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _path(value: Any) -> str:
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
+    return os.fsdecode(value) if isinstance(value, bytes) else str(value)
+
+
+def _short(args: tuple) -> str:
+    text = ", ".join(repr(a) for a in args)
+    return f"({text[:160]}{'...' if len(text) > 160 else ''})"

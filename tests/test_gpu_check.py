@@ -1,0 +1,121 @@
+"""scripts/gpu-check's driver: stages under their own budgets, an overrunning stage stopped and the later
+ones still run, a partial result still summarised, and the dry run of every stage on the CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gpu_check
+_spec.loader.exec_module(gpu_check)
+
+CASE_16K = dict(batch=1, seqlen_q=16384, seqlen_kv=16384, heads_q=16, heads_kv=16, head_dim=128, causal=False,
+                dtype="bf16")
+CASE_SMALL = dict(batch=2, seqlen_q=256, seqlen_kv=256, heads_q=8, heads_kv=8, head_dim=128, causal=True,
+                  dtype="fp16")
+
+#: a suite stage that writes one record the way kbench does (atomically, before going on), then hangs
+#: and ignores SIGTERM: the driver must escalate to SIGKILL and move on
+HANGING_SUITE = r"""
+import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out, pid_file, case = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+record = {"backend": "triton-hopper", "case": case, "status": "passed", "metrics": {"tflops": 512.25},
+          "correctness": {"rel_l2": 0.0041},
+          "telemetry": {"sm_clock_mhz_min": 1755, "sm_clock_mhz_max": 1980, "throttled_samples": [3, 4],
+                        "energy": {"joules_per_call": 0.0215, "average_w": 612.0}}}
+tmp = out + ".tmp"
+open(tmp, "w").write(json.dumps({"id": "partial", "complete": False, "records": [record]}))
+os.replace(tmp, out)
+open(pid_file, "w").write(str(os.getpid()))
+print("wrote one record; now hanging", flush=True)
+time.sleep(120)
+"""
+
+
+def _context(tmp_path: Path) -> "gpu_check.Context":
+    return gpu_check.Context(tmp_path, dry_run=True, log=open(tmp_path / "log.txt", "w"))
+
+
+def test_an_overrunning_stage_is_stopped_and_the_later_stages_run_on_its_partial_result(tmp_path, capsys):
+    ctx = _context(tmp_path)
+    pid_file = tmp_path / "suite.pid"
+    stages = [
+        gpu_check.Stage("suite", 2.0, command=[sys.executable, "-c", HANGING_SUITE, str(ctx.result_path),
+                                               str(pid_file), json.dumps(CASE_16K)]),
+        gpu_check.Stage("summary", 60.0, command=gpu_check.summary_command(ctx)),
+        gpu_check.Stage("tests", 60.0, command=[sys.executable, "-c", "print('tests stage ran')"]),
+    ]
+    outcomes = gpu_check.run_stages(ctx, stages)
+    assert [(o.name, o.status) for o in outcomes] == [("suite", "timeout"), ("summary", "ok"), ("tests", "ok")]
+    # the hanging process ignored SIGTERM and was killed: it is gone, long before its 120 s sleep ended
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+    assert outcomes[0].seconds < 60
+    printed = capsys.readouterr().out
+    assert "wrote one record" in printed and "tests stage ran" in printed
+    assert "1 records, PARTIAL" in printed
+    # the record's figures next to the published anchors, clocks, throttling and energy
+    row = next(line for line in printed.splitlines() if line.startswith("| b=1 s=16384"))
+    assert "512.2" in row and "FA3 648 cuDNN 595" in row
+    backend_row = next(line for line in printed.splitlines() if line.startswith("| triton-hopper"))
+    assert all(text in backend_row for text in ("1 passed", "0.0041", "1755-1980", "| 2 ", "612", "0.0215"))
+    assert (tmp_path / "gpu-check-summary.md").read_text().count("triton-hopper") == 2
+    table = gpu_check.stage_table(outcomes)
+    assert "suite    timeout" in table and "stopped after its budget of 2 s" in table
+
+
+def test_summary_of_nothing_is_a_skeleton():
+    text = gpu_check.summarize(None)
+    assert "PARTIAL (no result file was written)" in text and "(no records)" in text and "case (TFLOP/s)" in text
+
+
+def test_anchors_only_for_the_papers_16k_point():
+    assert gpu_check.anchor_text(CASE_16K) == "FA3 648 cuDNN 595"
+    assert gpu_check.anchor_text({**CASE_16K, "causal": True, "head_dim": 64}) == "FA3 473 cuDNN 388"
+    assert gpu_check.anchor_text({**CASE_16K, "batch": 4, "seqlen_q": 4096, "seqlen_kv": 4096}) == ""
+    assert gpu_check.anchor_text({**CASE_16K, "dtype": "fp16"}) == ""
+    assert gpu_check.anchor_text(CASE_SMALL) == ""
+
+
+def test_budgets_fit_five_minutes_and_bad_overrides_are_refused():
+    worst = sum(gpu_check.BUDGETS.values()) + gpu_check.GRACE_S * len(gpu_check.BUDGETS)
+    assert worst <= 300
+    assert gpu_check._budgets(["suite=12"])["suite"] == 12.0
+    with pytest.raises(SystemExit, match="unknown stage 'suit'"):
+        gpu_check._budgets(["suit=12"])
+    with pytest.raises(SystemExit, match="give seconds"):
+        gpu_check._budgets(["suite=soon"])
+
+
+def test_dry_run_runs_every_stage_on_the_cpu(tmp_path, capsys):
+    # the real stages (install says what it would run; tests collect-and-skip without a GPU), the suite
+    # on the cpu device: every record a skip, every case of the grid in the skeleton
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "list,tests"])
+    printed = capsys.readouterr().out
+    stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
+    assert [(s["name"], s["status"]) for s in stages] == [("machine", "ok"), ("install", "ok"), ("suite", "ok"),
+                                                          ("summary", "ok")]
+    assert code == 0
+    assert "would run (editable)" in printed
+    data = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert data["complete"] and {r["status"] for r in data["records"]} == {"skipped"}
+    cases = {gpu_check.case_label(r["case"]) for r in data["records"]}
+    assert len(cases) == 19
+    assert sum("FA3 " in line for line in printed.splitlines() if line.startswith("| b=")) == 4
+
+
+def test_dry_run_with_a_suite_cut_short_still_summarises(tmp_path, capsys):
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,tests",
+                           "--budget", "suite=0.05"])
+    printed = capsys.readouterr().out
+    stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
+    assert [(s["name"], s["status"]) for s in stages] == [("suite", "timeout"), ("summary", "ok")]
+    assert code == 3 and "PARTIAL" in printed and "case (TFLOP/s)" in printed

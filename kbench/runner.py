@@ -98,6 +98,8 @@ class RunRequest:
     kernel_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: load kernel files as trusted backends (in-process with isolate=False, no sandbox, no static checks)
     trust_kernel_files: bool = False
+    #: untrusted backends run without the OS sandbox where it does not work here (else they are error records)
+    allow_unsandboxed: bool = False
 
 
 @dataclass
@@ -172,7 +174,7 @@ def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
         "selection": {"backends": [b.name for b in planned.backends], "keyword": req.keyword,
                       "kernel_files": list(req.kernel_files), "kernel_settings": dict(req.kernel_settings),
                       "isolate": req.isolate, "case_timeout": req.case_timeout,
-                      "trust_kernel_files": req.trust_kernel_files},
+                      "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed},
     }
 
 
@@ -207,6 +209,7 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | No
 
         untrusted = sum(not b.trusted for b in planned.backends)
         pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout,
+                          allow_unsandboxed=planned.request.allow_unsandboxed,
                           max_workers=min(MAX_WORKERS, max(8, untrusted + 1)))
         executor = pool
         if untrusted + 1 > pool.max_workers:
@@ -264,7 +267,8 @@ def resume_request(pm: PluginManager, path: str | Path) -> tuple[RunRequest, lis
     req = RunRequest(suite=suite, device=data.get("device", "auto"), backend_patterns=patterns,
                      kernel_files=kernel_files, keyword=sel.get("keyword"), output=Path(path),
                      isolate=sel.get("isolate", True), case_timeout=sel.get("case_timeout"),
-                     kernel_settings=settings, trust_kernel_files=bool(sel.get("trust_kernel_files", False)))
+                     kernel_settings=settings, trust_kernel_files=bool(sel.get("trust_kernel_files", False)),
+                     allow_unsandboxed=bool(sel.get("allow_unsandboxed", False)))
     return req, list(data["records"])
 
 

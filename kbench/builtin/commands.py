@@ -15,6 +15,8 @@ CORE_COMMANDS = (
     "kbench.commands.calibrate:calibrate_command",
     "kbench.commands.compare:compare_command",
     "kbench.commands.report:report_command",
+    "kbench.commands.publish:publish_command",
+    "kbench.commands.regressions:regressions_command",
 )
 
 

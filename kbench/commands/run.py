@@ -32,11 +32,15 @@ def _is_kernel_file(pattern: str) -> bool:
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
+@click.option("--allow-unsandboxed", is_flag=True,
+              help="Where the OS sandbox does not work (no user namespaces: gVisor, some containers), run untrusted "
+                   "backends without it (weaker isolation; recorded in the result file). See docs/sandbox.md.")
 @click.option("--progress/--no-progress", default=None, help="Progress display (default: when stderr is a terminal).")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
               show_default=True, help="Format of the table printed at the end.")
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
+                allow_unsandboxed,
                 progress, fmt):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
@@ -55,13 +59,15 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         req, existing = resume_request(pm, resume)
         req.isolate = req.isolate and isolate
         req.case_timeout = case_timeout or req.case_timeout
+        req.allow_unsandboxed = req.allow_unsandboxed or allow_unsandboxed
     else:
         if suite is None:
             raise BadInput("no suite given", where="SUITE", fix="kbench run suites/smoke.yaml, or --resume RESULT")
         req = RunRequest(suite=load_suite(suite), device=device,
                          backend_patterns=[b for b in backends if not _is_kernel_file(b)],
                          kernel_files=[b for b in backends if _is_kernel_file(b)], keyword=keyword, output=output,
-                         isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files)
+                         isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files,
+                         allow_unsandboxed=allow_unsandboxed)
     planned = plan_run(pm, req)
     work = planned.work()
     done = {(r["case_id"], r["backend"]) for r in existing}

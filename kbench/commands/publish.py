@@ -1,0 +1,73 @@
+"""``kbench publish RESULTS_DIR... -o SITE_DIR``: the history of every run as a static site."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _compare_latest(keyword: str | None):
+    """The summary page's table: two runs judged exactly as ``kbench compare`` judges them."""
+    from kbench.compare import CHANGED, Change, both_skipped, compare_runs, counts, machine_mismatch
+    from kbench.results import load_result
+    from kbench.selection import Keyword
+    from kbench.tables import compare_table
+
+    kw = Keyword(keyword)
+
+    def render(prev, last) -> str:
+        import html
+
+        base, new = load_result(prev.path), load_result(last.path)
+        for d in (base, new):
+            d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+        pairs = [p for p in compare_runs(base, new) if not both_skipped(p)]
+        n = counts(pairs)
+        line = ", ".join(f"{k} {c}" for c, k in n.items() if k)
+        warn = machine_mismatch(base, new)
+        shown = [p for p in pairs if p.change in CHANGED + (Change.AMBIGUOUS,)]
+        out = f"<p>{len(pairs)} pairs: {html.escape(line)}</p>"
+        if warn:
+            out += f"<p><b>different machines</b> ({html.escape('; '.join(warn))}): ratios compare machines.</p>"
+        return out + (compare_table(shown, "html") if shown else "<p>nothing changed beyond the noise.</p>")
+
+    return render
+
+
+@click.command("publish")
+@click.argument("results_dirs", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of the site (created; pages in it are replaced).")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path),
+              help="Git repository whose commit dates order the runs (default: the one holding RESULTS_DIR).")
+@click.option("--mix-machines", is_flag=True,
+              help="One history of all machines, points coloured by machine (default: one per machine).")
+@click.option("--lineages", type=click.Path(file_okay=False, path_type=Path),
+              help="An evolve workspace: draw its lineages too (version on the x axis).")
+@click.option("--results-url", metavar="URL",
+              help="Where RESULTS_DIR is served (e.g. the raw files of the repository); default: relative links.")
+@click.option("--commit-url", metavar="TEMPLATE",
+              help="Link of a commit, with {commit}: e.g. https://github.com/ORG/REPO/commit/{commit}.")
+@click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
+def publish_command(results_dirs, output, repo, mix_machines, lineages, results_url, commit_url, keyword):
+    """Write a static site of the history of the result files under RESULTS_DIR.
+
+    Per machine, one chart per (case, backend): the median time of every run with its 95% confidence band,
+    runs ordered by commit date, environment changes (driver, library versions) marked, steps shaded;
+    filters by op, backend, dtype, head_dim, causal. Also a summary of the latest run against the previous
+    one, every step found, and evolve lineages with --lineages. Opens from the file system; see docs/history.md.
+    """
+    from kbench.errors import BadInput
+    from kbench.history import load_histories
+    from kbench.history.lineages import load_lineages
+    from kbench.history.site import Links, write_site
+
+    if commit_url and "{commit}" not in commit_url:
+        raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
+                       fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword)
+    lins = load_lineages(lineages) if lineages else []
+    links = Links(output, results_url, Path(results_dirs[0]) if results_url else None, commit_url)
+    counts = write_site(output, hists, lins, links, _compare_latest(keyword))
+    click.echo(f"{output / 'index.html'}: {len(runs)} runs, {len(hists)} histories, {counts['charts']} charts, "
+               f"{counts['steps']} steps, {len(lins)} lineages")

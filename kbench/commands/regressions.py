@@ -1,0 +1,96 @@
+"""``kbench regressions RESULTS_DIR...``: steps in every (machine, case, backend) history, for people and CI."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from kbench.tables import FORMATS
+
+
+def parse_threshold(text: str) -> float:
+    """``2%`` or ``0.02``: the smallest relative step that counts."""
+    from kbench.errors import BadInput
+
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise BadInput(f"bad threshold {text!r}", where="--threshold", fix="write it as 2% or 0.02") from None
+    if not 0 <= value < 10:
+        raise BadInput(f"threshold {text!r} is out of range", where="--threshold", fix="e.g. 2% (a change of 2%)")
+    return value
+
+
+@click.command("regressions")
+@click.argument("results_dirs", nargs=-1, required=True)
+@click.option("--since", metavar="REF", help="Only steps after REF: a date, a commit or run id, or a git ref.")
+@click.option("--threshold", default="2%", show_default=True,
+              help="Smallest step listed (and failed on), relative: 2% or 0.02.")
+@click.option("--fail", is_flag=True, help="Exit 1 when a slower step beyond the threshold lies in the range (CI).")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path),
+              help="Git repository whose commit dates order the runs (default: the one holding RESULTS_DIR).")
+@click.option("--mix-machines", is_flag=True, help="One history of all machines (default: one per machine).")
+@click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines, keyword, fmt):
+    """Find steps in the history of every (case, backend) of the result files under RESULTS_DIR.
+
+    Each series is the median time over the runs of one machine, ordered by commit date. A step is a
+    change of level found by a penalised piecewise-constant fit weighted by the noise of the runs (their
+    confidence intervals and the series' run-to-run scatter); each is listed with the commit range where
+    it happened, its size with a 95% interval, and its confidence. See docs/history.md.
+
+    Exit status: 0; 1 with --fail when a slower step beyond --threshold lies after --since; 2 on bad input.
+    """
+    from kbench.history import default_repo, load_histories
+    from kbench.history.regressions import beyond, find_steps, in_range, resolve_since, sort_found
+    from kbench.tables import render
+
+    limit = parse_threshold(threshold)
+    repo = repo or default_repo(results_dirs)
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword)
+    start = resolve_since(since, runs, repo) if since else None
+    found, unconfirmed = [], []
+    for h in hists:
+        fits = {}
+        found += [f for f in find_steps(h, fits) if in_range(f, start) and beyond(f, limit)]
+        for s in h.series:
+            u = fits[s.key].unconfirmed
+            if u and abs(u.size) >= limit and in_range_run(h.runs[s.runs[u.index]], start):
+                unconfirmed.append((s, h.runs[s.runs[u.index]], u.size))
+    found = sort_found(found)
+    slower = [f for f in found if f.step.slower]
+    if fmt == "json":
+        click.echo(json.dumps({"steps": [f.to_json() for f in found],
+                               "unconfirmed": [{"machine": s.machine, "backend": s.backend, "case_id": s.case_id,
+                                                "run": r.id, "file": str(r.path), "size": size}
+                                               for s, r, size in unconfirmed]}, indent=1))
+    else:
+        rows = [["+" if f.step.slower else "-", f"{100 * f.step.size:+.1f}%",
+                 f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%", f"{f.step.confidence:.4f}",
+                 f.series.machine, f.series.backend, f.series.case_id, f.commit_range,
+                 "; ".join(e.text for e in f.env)] for f in found]
+        headers = ("", "size", "95% CI", "confidence", "machine", "backend", "case", "commits", "environment changed")
+        text = fmt in ("table", "markdown")
+        if rows or not text:
+            click.echo(render(headers, rows, fmt))
+        if text:
+            n_series = sum(len(h.series) for h in hists)
+            click.echo(f"\n{len(runs)} runs, {n_series} series: {len(slower)} slower and {len(found) - len(slower)} "
+                       f"faster steps of {100 * limit:g}% or more" + (f" since {since}" if since else ""))
+            for s, r, size in unconfirmed:
+                click.echo(f"unconfirmed: {s.backend} {s.case_id} on {s.machine}: the newest run {r.id} is "
+                           f"{100 * size:+.1f}% off the level before it; one run cannot tell a step from a slow "
+                           "moment of the machine, the next run will")
+    if fail and slower:
+        click.echo(f"kbench: {len(slower)} regressions of {100 * limit:g}% or more: "
+                   + ", ".join(f"{f.series.backend} {f.series.case_id} {100 * f.step.size:+.1f}% in {f.commit_range}"
+                               for f in slower[:5]) + (" ..." if len(slower) > 5 else ""), err=True)
+        sys.exit(1)
+
+
+def in_range_run(run, start) -> bool:
+    return start is None or run.time >= start

@@ -1,0 +1,78 @@
+"""Evolve lineages as histories: each committed version's scores, version number on the x axis.
+
+Read through the evolve plugin's public store (``kbench_evolve.store``); a version's confidence band
+comes from the result file that measured it (``result_files`` in its metadata) when that file is still
+there, and is left out when it is not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbench.errors import BadInput, KbenchError
+from kbench.results import load_result
+
+
+@dataclass
+class LineageVersion:
+    number: int
+    committed: str
+    operator: str
+    rationale: str
+    geomean: float                                        # TFLOP/s, the lineage's fitness
+    scores: dict[str, float]                              # case id -> TFLOP/s
+    bands: dict[str, tuple[float, float]] = field(default_factory=dict)  # case id -> TFLOP/s 95% interval
+    result_file: str | None = None
+
+
+@dataclass
+class LineageHistory:
+    name: str
+    root: Path
+    versions: list[LineageVersion]
+    attempts: int
+
+    @property
+    def cases(self) -> list[str]:
+        return sorted({c for v in self.versions for c in v.scores})
+
+
+def _bands(result_file: str | None) -> dict[str, tuple[float, float]]:
+    """TFLOP/s interval per case from the confidence interval of the median time in the version's run."""
+    if not result_file or not Path(result_file).is_file():
+        return {}
+    try:
+        data = load_result(result_file)
+    except KbenchError:
+        return {}
+    out = {}
+    for rec in data["records"]:
+        stats, flops = rec.get("stats") or {}, (rec.get("metrics") or {}).get("flops")
+        if rec["status"] == "passed" and flops and stats.get("ci_low") and stats.get("ci_high"):
+            out.setdefault(rec["case_id"], (flops / stats["ci_high"] / 1e12, flops / stats["ci_low"] / 1e12))
+    return out
+
+
+def load_lineages(workspace: str | Path) -> list[LineageHistory]:
+    """Every lineage under an evolve workspace (``kbench evolve --workspace``, default ./evolve)."""
+    try:
+        from kbench_evolve.store import list_lineages
+    except ImportError:
+        raise BadInput("reading lineages needs the kbench-evolve plugin", where="--lineages",
+                       fix="pip install -e plugins/kbench-evolve, or leave out --lineages") from None
+    ws = Path(workspace)
+    if not ws.is_dir():
+        raise BadInput("no such evolve workspace", file=str(ws), where="--lineages",
+                       fix="give the directory `kbench evolve` keeps its lineages in (KBENCH_EVOLVE_DIR, ./evolve)")
+    out = []
+    for lineage in list_lineages(ws):
+        versions = []
+        for v in lineage.versions():
+            meta: dict[str, Any] = v.meta
+            files = meta.get("result_files") or []
+            versions.append(LineageVersion(v.number, str(meta.get("committed") or ""), str(meta.get("operator") or ""),
+                                           str(meta.get("rationale") or ""), v.geomean, v.scores,
+                                           _bands(files[0] if files else None), files[0] if files else None))
+        out.append(LineageHistory(lineage.name, lineage.root, versions, len(lineage.attempts())))
+    return out

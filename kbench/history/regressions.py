@@ -1,0 +1,100 @@
+"""Steps found in every series of a history, with the commit range, size and confidence of each."""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from kbench.history.changepoints import Fit, Step, detect
+from kbench.history.runs import EnvChange, Run
+from kbench.history.series import History, Series
+
+
+@dataclass(frozen=True)
+class Found:
+    """One step of one series, placed in its history: the runs (and commits) between which it happened."""
+
+    series: Series
+    step: Step
+    before: Run           # last run at the old level
+    after: Run            # first run at the new level
+    env: tuple[EnvChange, ...]  # environment changes inside the range: they may explain the step
+
+    @property
+    def commit_range(self) -> str:
+        a = self.before.commit[:10] if self.before.commit else self.before.id
+        b = self.after.commit[:10] if self.after.commit else self.after.id
+        return f"{a}..{b}" if a != b else f"{a} (same commit: the machine or its software changed)"
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.step
+        return {"machine": self.series.machine, "op": self.series.op, "case_id": self.series.case_id,
+                "backend": self.series.backend, "change": "slower" if s.slower else "faster",
+                "size": s.size, "size_ci": [s.size_low, s.size_high], "confidence": s.confidence,
+                "before": {"run": self.before.id, "commit": self.before.commit, "file": str(self.before.path),
+                           "time": self.before.time.isoformat()},
+                "after": {"run": self.after.id, "commit": self.after.commit, "file": str(self.after.path),
+                          "time": self.after.time.isoformat()},
+                "level_before": s.level_before, "level_after": s.level_after,
+                "environment_changes": [e.text for e in self.env]}
+
+
+def fit_series(series: Series) -> Fit:
+    return detect([p.median for p in series.points], [p.ci_low for p in series.points],
+                  [p.ci_high for p in series.points])
+
+
+def find_steps(history: History, fits: dict[str, Fit] | None = None) -> list[Found]:
+    """Every step of every series of ``history``; ``fits`` (by series key) is filled when given."""
+    found = []
+    for s in history.series:
+        fit = fit_series(s)
+        if fits is not None:
+            fits[s.key] = fit
+        for step in fit.steps:
+            before, after = s.runs[step.before], s.runs[step.after]
+            env = tuple(e for e in history.env_changes if before < e.run <= after)
+            found.append(Found(s, step, history.runs[before], history.runs[after], env))
+    return found
+
+
+def in_range(found: Found, since: _dt.datetime | None) -> bool:
+    """A step lies after ``since`` when its first run at the new level does."""
+    return since is None or found.after.time >= since
+
+
+def beyond(found: Found, threshold: float) -> bool:
+    return abs(found.step.size) >= threshold
+
+
+def sort_found(found: Sequence[Found]) -> list[Found]:
+    """Regressions first, largest first."""
+    return sorted(found, key=lambda f: (not f.step.slower, -abs(f.step.size), f.series.key))
+
+
+def resolve_since(ref: str, runs: Sequence[Run], repo) -> _dt.datetime:
+    """``--since``: an ISO date or time, a commit (prefix) of one of the runs, a run id, or a git ref."""
+    from kbench.errors import BadInput
+    from kbench.history.runs import commit_times
+
+    try:
+        t = _dt.datetime.fromisoformat(ref)
+        return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+    except ValueError:
+        pass
+    for r in runs:
+        if r.id == ref or (r.commit and len(ref) >= 4 and r.commit.startswith(ref)):
+            return r.time
+    if repo is not None:
+        import subprocess
+
+        proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                              capture_output=True, text=True)
+        sha = proc.stdout.strip()
+        if proc.returncode == 0 and sha:
+            times = commit_times([sha], repo)
+            if sha in times:
+                return times[sha]
+    raise BadInput(f"cannot place {ref!r} in the history", where="--since",
+                   fix="give an ISO date (2026-11-01), a commit or run id of one of the runs, or a git ref of "
+                       "the repository (--repo)")

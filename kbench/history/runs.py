@@ -1,0 +1,243 @@
+"""The runs of a history: result files found under directories, read once, reduced to what a history needs.
+
+A result file holds every raw sample; a history of a thousand runs cannot keep them all in memory, so
+each file is read through ``kbench.results.load_result`` (migration and validation included) and
+reduced at once to one ``Point`` per passed record: median, its confidence interval, sample count.
+Runs are ordered by the date of their git commit (asv's order) where the commit is known to the
+repository, else by the time the run started.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from kbench.enums import Status
+from kbench.errors import BadInput
+from kbench.results import FORMAT, load_result
+
+#: machine description keys that name the host rather than describe the hardware
+_MACHINE_NOT_HARDWARE = {"id", "hostname"}
+#: environment keys that change with every run or say where, not what
+_ENV_NOT_SOFTWARE = {"git_commit", "executable"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One passed record of one run, reduced: the median time and its 95% confidence interval."""
+
+    op: str
+    case_id: str
+    case: Mapping[str, Any]
+    backend: str
+    median: float
+    ci_low: float
+    ci_high: float
+    n: int
+    min: float
+
+
+@dataclass
+class Run:
+    """One result file, reduced to its header and one ``Point`` per passed record."""
+
+    path: Path
+    id: str
+    machine_id: str
+    device: str
+    suite: str
+    created: _dt.datetime
+    commit: str | None            # the git commit of the measured tree, ``-dirty`` removed
+    dirty: bool
+    complete: bool
+    environment: dict[str, str]   # software and hardware that explain a step (see ``environment_of``)
+    points: list[Point]
+    statuses: dict[str, int]
+    commit_time: _dt.datetime | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def time(self) -> _dt.datetime:
+        """Where the run stands in its history: its commit's date, else when it ran."""
+        return self.commit_time or self.created
+
+    @property
+    def sort_key(self) -> tuple[_dt.datetime, _dt.datetime, str]:
+        return (self.time, self.created, str(self.path))
+
+    @property
+    def label(self) -> str:
+        commit = f"{self.commit[:10]}{'-dirty' if self.dirty else ''}" if self.commit else "no commit"
+        return f"{self.created:%Y-%m-%d %H:%M} {commit}"
+
+
+def _parse_time(text: str | None, *, file: str) -> _dt.datetime:
+    try:
+        t = _dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        raise BadInput(f"`created` is not an ISO 8601 time: {text!r}", file=file, where="created",
+                       fix="the file was edited by hand; re-run the suite to regenerate it") from None
+    return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+
+
+def _flat(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _flat(f"{prefix}.{k}" if prefix else str(k), v)
+    elif isinstance(value, (str, int, float, bool)):
+        yield prefix, str(value)
+
+
+def environment_of(data: Mapping[str, Any]) -> dict[str, str]:
+    """What of a run's machine and software can explain a step: CPU/GPU model, driver, CUDA, library
+    and plugin versions, the hardware profile. Not the host name, the commit or the interpreter's path."""
+    env: dict[str, str] = {}
+    for key, value in (data.get("machine") or {}).items():
+        if key not in _MACHINE_NOT_HARDWARE:
+            env.update(_flat(f"machine.{key}", value))
+    hardware = data.get("hardware") or {}
+    if hardware.get("name"):
+        env["hardware profile"] = str(hardware["name"])
+    for key, value in (data.get("environment") or {}).items():
+        if key not in _ENV_NOT_SOFTWARE:
+            env.update(_flat(str(key), value))
+    return env
+
+
+def reduce_result(path: Path, data: Mapping[str, Any]) -> Run:
+    """The header and passed records of a loaded result file (samples are dropped here)."""
+    commit = (data.get("environment") or {}).get("git_commit") or None
+    dirty = bool(commit and str(commit).endswith("-dirty"))
+    if dirty:
+        commit = str(commit)[: -len("-dirty")]
+    points, statuses = [], {}
+    for rec in data["records"]:
+        statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
+        stats = rec.get("stats") or {}
+        if rec["status"] != Status.PASSED.value or not stats.get("median"):
+            continue
+        median = float(stats["median"])
+        points.append(Point(rec["op"], rec["case_id"], dict(rec.get("case") or {}), rec["backend"], median,
+                            float(stats.get("ci_low") or median), float(stats.get("ci_high") or median),
+                            int(stats.get("n") or 0), float(stats.get("min") or median)))
+    return Run(path=path, id=str(data.get("id") or path.stem), machine_id=str(data["machine"]["id"]),
+               device=str(data.get("device") or data["machine"].get("device") or ""),
+               suite=str((data.get("suite") or {}).get("name") or ""),
+               created=_parse_time(data.get("created"), file=str(path)), commit=commit, dirty=dirty,
+               complete=bool(data.get("complete")), environment=environment_of(data), points=points,
+               statuses=statuses)
+
+
+def _is_result_file(path: Path) -> bool:
+    """A JSON file that says it is a kbench result (calibrations and other JSON beside results are not)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    # `format` is written first by kbench, but a hand-formatted file may order keys otherwise: parse then
+    if f'"format": "{FORMAT}"' in head or f'"format":"{FORMAT}"' in head:
+        return True
+    if '"format"' in head:
+        return False
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (ValueError, OSError, AttributeError):
+        return True  # damaged: let load_result say what is wrong with it
+
+
+def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
+    """Every result file under the given directories (recursively) and the given files."""
+    found: list[Path] = []
+    for arg in paths:
+        p = Path(arg)
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(f for f in sorted(p.rglob("*.json")) if not f.name.startswith(".") and _is_result_file(f))
+        else:
+            raise BadInput("no such file or directory", file=str(p),
+                           fix="give directories of result files (e.g. results/) or result files")
+    if not found:
+        raise BadInput(f"no kbench result files under {', '.join(str(p) for p in paths)}", where="RESULTS_DIR",
+                       fix="give the directories `kbench run` writes to (results/<machine>/)")
+    return sorted(set(found))
+
+
+def commit_times(commits: Iterable[str], repo: Path | None) -> dict[str, _dt.datetime]:
+    """The committer date of each commit the repository knows; unknown commits (or no git) are left out."""
+    shas = sorted({c for c in commits if c})
+    if not shas or repo is None:
+        return {}
+    out: dict[str, _dt.datetime] = {}
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), "log", "--no-walk=unsorted", "--ignore-missing",
+                               "--format=%H %cI", *shas], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    for line in proc.stdout.splitlines():
+        sha, _, when = line.partition(" ")
+        try:
+            out[sha] = _dt.datetime.fromisoformat(when)
+        except ValueError:
+            continue
+    # a run may store an abbreviated commit: match by prefix
+    return {c: out[full] for c in shas for full in out if full.startswith(c)}
+
+
+def default_repo(paths: Sequence[str | Path]) -> Path | None:
+    """The git work tree holding the first results directory, if any (where its runs' commits live)."""
+    start = Path(paths[0]).resolve() if paths else Path.cwd()
+    for p in (start, *start.parents):
+        if (p / ".git").exists():
+            return p
+    return None
+
+
+def load_runs(paths: Sequence[str | Path], *, repo: Path | None = None,
+              progress: Any = None) -> list[Run]:
+    """Every run under ``paths``, read and reduced, with commit dates from ``repo``, in history order."""
+    files = find_result_files(paths)
+    runs = []
+    for i, f in enumerate(files):
+        runs.append(reduce_result(f, load_result(f)))
+        if progress is not None:
+            progress(i + 1, len(files))
+    times = commit_times((r.commit for r in runs if r.commit), repo)
+    for r in runs:
+        r.commit_time = times.get(r.commit) if r.commit else None
+    return sorted(runs, key=lambda r: r.sort_key)
+
+
+@dataclass(frozen=True)
+class EnvChange:
+    """A change of hardware or software between two consecutive runs of one machine."""
+
+    run: int                     # index of the first run with the new environment
+    changes: tuple[tuple[str, str | None, str | None], ...]  # (key, before, after)
+
+    @property
+    def text(self) -> str:
+        return "; ".join(f"{k} {a or '(none)'} \u2192 {b or '(none)'}" for k, a, b in self.changes)
+
+
+def environment_changes(runs: Sequence[Run]) -> list[EnvChange]:
+    """Where the environment differs from the run before (runs of one machine, in history order)."""
+    out = []
+    for i in range(1, len(runs)):
+        a, b = runs[i - 1].environment, runs[i].environment
+        diff = tuple((k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+        if diff:
+            out.append(EnvChange(i, diff))
+    return out
+
+
+def relpath(path: Path, start: Path) -> str:
+    """A link from ``start`` to ``path`` that works from the file system and on a static host."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()

@@ -1,0 +1,195 @@
+/* kbench history pages: draws the series embedded in the page (script#kbench-data) with plotly.js.
+   No network: plotly.min.js is copied beside this file by `kbench publish`. */
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("kbench-data").textContent);
+  var chartsEl = document.getElementById("charts");
+  var detailsEl = document.getElementById("details");
+  var filtersEl = document.getElementById("filters");
+  var lineage = data.kind === "lineage";
+  var BAND = "rgba(31,119,180,0.18)", LINE = "#1f77b4";
+  var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
+
+  function fmtTime(s) {
+    if (s >= 1) return s.toPrecision(3) + " s";
+    if (s >= 1e-3) return (s * 1e3).toPrecision(3) + " ms";
+    if (s >= 1e-6) return (s * 1e6).toPrecision(3) + " us";
+    return (s * 1e9).toPrecision(3) + " ns";
+  }
+  function fmtY(v) { return lineage ? v.toPrecision(4) + " TFLOP/s" : fmtTime(v); }
+  function xOf(i) { return lineage ? i : data.runs[i].time; }
+  function esc(t) { var d = document.createElement("span"); d.textContent = String(t); return d.innerHTML; }
+  function link(href, text) { return href ? '<a href="' + esc(href) + '">' + esc(text) + "</a>" : esc(text); }
+
+  function describeRun(i) {
+    var r = data.runs[i];
+    var commit = r.commit ? r.commit.slice(0, 12) + (r.dirty ? "-dirty" : "") : "no commit";
+    return "run " + link(r.file, r.id) + " \u00b7 machine " + esc(r.machine) + " \u00b7 suite " + esc(r.suite) +
+      " \u00b7 commit " + link(r.commit_url, commit) + " \u00b7 " + esc(r.by_commit_date ? "commit date " : "run time ") +
+      esc(r.time) + " \u00b7 ran " + esc(r.created);
+  }
+  function describeVersion(n) {
+    var v = data.versions.filter(function (x) { return x.number === n; })[0];
+    return v ? esc(v.label + " \u00b7 " + v.operator + " \u00b7 committed " + v.committed + " \u00b7 geomean " +
+      v.geomean.toPrecision(4) + " TFLOP/s \u00b7 " + v.rationale) : "";
+  }
+
+  /* ---- filters: one select per parameter with more than one value ---- */
+  var state = {};
+  function valuesOf(get) {
+    var seen = {};
+    data.series.forEach(function (s) { var v = get(s); if (v !== undefined && v !== null) seen[String(v)] = 1; });
+    return Object.keys(seen).sort();
+  }
+  var filterDefs = [];
+  if (!lineage) {
+    filterDefs.push(["op", function (s) { return s.op; }]);
+    filterDefs.push(["backend", function (s) { return s.backend; }]);
+    ["dtype", "head_dim", "causal"].forEach(function (p) {
+      filterDefs.push([p, function (s) { return s.params ? s.params[p] : undefined; }]);
+    });
+    if (data.mixed) {
+      var machines = {};
+      data.runs.forEach(function (r) { machines[r.machine] = 1; });
+      filterDefs.push(["machine", null, Object.keys(machines).sort()]);
+    }
+  }
+  function buildFilters() {
+    if (!filtersEl) return;
+    filterDefs.forEach(function (def) {
+      var values = def[2] || valuesOf(def[1]);
+      if (values.length < 2) return;
+      var label = document.createElement("label");
+      label.textContent = def[0] + " ";
+      var sel = document.createElement("select");
+      sel.name = def[0];
+      ["(all)"].concat(values).forEach(function (v) {
+        var o = document.createElement("option"); o.value = v; o.textContent = v; sel.appendChild(o);
+      });
+      sel.addEventListener("change", function () { state[def[0]] = sel.value === "(all)" ? null : sel.value; render(); });
+      label.appendChild(sel);
+      filtersEl.appendChild(label);
+    });
+    var count = document.createElement("span");
+    count.id = "shown-count";
+    filtersEl.appendChild(count);
+  }
+  function visible(s) {
+    return filterDefs.every(function (def) {
+      var want = state[def[0]];
+      if (!want || !def[1]) return true;
+      return String(def[1](s)) === want;
+    });
+  }
+
+  /* ---- one chart ---- */
+  function traces(s) {
+    var idx = s.x.map(function (_, k) { return k; });
+    if (state.machine) idx = idx.filter(function (k) { return data.runs[s.x[k]].machine === state.machine; });
+    var xs = idx.map(function (k) { return xOf(s.x[k]); });
+    var out = [];
+    if (s.lo && s.hi) {
+      out.push({x: xs, y: idx.map(function (k) { return s.hi[k]; }), mode: "lines", line: {width: 0},
+                hoverinfo: "skip", showlegend: false});
+      out.push({x: xs, y: idx.map(function (k) { return s.lo[k]; }), mode: "lines", line: {width: 0},
+                fill: "tonexty", fillcolor: BAND, hoverinfo: "skip", name: "95% CI"});
+    }
+    var colors = LINE;
+    if (data.mixed) {
+      var ms = {}, n = 0;
+      data.runs.forEach(function (r) { if (!(r.machine in ms)) ms[r.machine] = PALETTE[n++ % PALETTE.length]; });
+      colors = idx.map(function (k) { return ms[data.runs[s.x[k]].machine]; });
+    }
+    out.push({x: xs, y: idx.map(function (k) { return s.m[k]; }), customdata: idx.map(function (k) { return s.x[k]; }),
+              mode: "lines+markers", line: {color: LINE, width: 1.5}, marker: {size: 6, color: colors},
+              name: lineage ? "TFLOP/s" : "median",
+              text: idx.map(function (k) {
+                var label = lineage ? "v" + s.x[k] : data.runs[s.x[k]].id + " " + (data.runs[s.x[k]].commit || "").slice(0, 10);
+                return label + "<br>" + fmtY(s.m[k]) + (s.n ? " (n=" + s.n[k] + ")" : "");
+              }), hoverinfo: "text"});
+    if (s.levels && !state.machine) {
+      var lx = [], ly = [];
+      s.levels.forEach(function (l) { lx.push(xOf(l[0]), xOf(l[1]), null); ly.push(l[2], l[2], null); });
+      out.push({x: lx, y: ly, mode: "lines", line: {color: "#555", dash: "dash", width: 1}, name: "fitted level",
+                hoverinfo: "skip"});
+    }
+    if (s.outliers && s.outliers.length) {
+      out.push({x: s.outliers.map(xOf), y: s.outliers.map(function (r) { return s.m[s.x.indexOf(r)]; }),
+                mode: "markers", marker: {symbol: "x-open", size: 11, color: "#999"}, name: "outlier (set aside)",
+                hoverinfo: "skip"});
+    }
+    if (s.unconfirmed) {
+      out.push({x: [xOf(s.unconfirmed.run)], y: [s.m[s.x.indexOf(s.unconfirmed.run)]], mode: "markers",
+                marker: {symbol: "circle-open", size: 14, color: "#ff7f0e"},
+                name: "unconfirmed " + (100 * s.unconfirmed.size).toFixed(1) + "%", hoverinfo: "name"});
+    }
+    if (data.env && data.env.length) {
+      var top = Math.max.apply(null, s.hi || s.m);
+      out.push({x: data.env.map(function (e) { return xOf(e.run); }), y: data.env.map(function () { return top; }),
+                mode: "markers", marker: {symbol: "diamond", size: 9, color: "#7f7f7f"}, name: "environment change",
+                text: data.env.map(function (e) { return e.text; }), hoverinfo: "text"});
+    }
+    return out;
+  }
+  function layout(s) {
+    var shapes = [], annotations = [];
+    (data.env || []).forEach(function (e) {
+      shapes.push({type: "line", xref: "x", yref: "paper", x0: xOf(e.run), x1: xOf(e.run), y0: 0, y1: 1,
+                   line: {color: "#7f7f7f", width: 1, dash: "dot"}});
+    });
+    (s.steps || []).forEach(function (st) {
+      var slower = st.size > 0;
+      shapes.push({type: "rect", xref: "x", yref: "paper", x0: xOf(st.before), x1: xOf(st.after), y0: 0, y1: 1,
+                   fillcolor: slower ? "rgba(214,39,40,0.15)" : "rgba(44,160,44,0.15)", line: {width: 0}});
+      annotations.push({x: xOf(st.after), y: 1, xref: "x", yref: "paper", showarrow: false, yanchor: "bottom",
+                        text: (slower ? "slower " : "faster ") + (100 * st.size).toFixed(1) + "%",
+                        font: {color: slower ? "#d62728" : "#2ca02c", size: 11}});
+    });
+    return {height: 300, margin: {l: 70, r: 20, t: 30, b: 40}, showlegend: false, shapes: shapes,
+            annotations: annotations, hovermode: "closest",
+            xaxis: {title: {text: lineage ? "version" : "commit date (run time where unknown)"}, dtick: lineage ? 1 : undefined},
+            yaxis: {title: {text: lineage ? "TFLOP/s" : "median time (s)"}, exponentformat: "SI"}};
+  }
+  function draw(div, s) {
+    Plotly.newPlot(div, traces(s), layout(s), {displaylogo: false, responsive: true}).then(function () {
+      div.setAttribute("data-rendered", "1");
+    });
+    div.on("plotly_click", function (ev) {
+      var p = ev.points && ev.points[0];
+      if (!p || p.customdata === undefined || !detailsEl) return;
+      detailsEl.innerHTML = "<b>" + esc(s.backend + " \u00b7 " + s.case) + "</b>: " +
+        (lineage ? describeVersion(p.customdata) : describeRun(p.customdata)) + " \u00b7 " + esc(fmtY(p.y));
+    });
+  }
+
+  /* ---- all charts, drawn when they come into view ---- */
+  var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+    entries.forEach(function (e) {
+      if (e.isIntersecting && !e.target.getAttribute("data-drawn")) {
+        e.target.setAttribute("data-drawn", "1");
+        observer.unobserve(e.target);
+        draw(e.target.querySelector(".plot"), e.target.kbenchSeries);
+      }
+    });
+  }, {rootMargin: "400px"}) : null;
+
+  function render() {
+    if (observer) observer.disconnect();
+    chartsEl.innerHTML = "";
+    var shown = data.series.filter(visible);
+    var count = document.getElementById("shown-count");
+    if (count) count.textContent = shown.length + " of " + data.series.length + " series";
+    shown.forEach(function (s) {
+      var box = document.createElement("section");
+      box.className = "chart";
+      var steps = (s.steps || []).map(function (st) { return (100 * st.size).toFixed(1) + "%"; }).join(", ");
+      box.innerHTML = "<h3>" + esc(s.backend) + " \u00b7 " + esc(s.case) + "</h3>" +
+        (steps ? '<p class="steps">steps: ' + esc(steps) + "</p>" : "") + '<div class="plot"></div>';
+      box.kbenchSeries = s;
+      chartsEl.appendChild(box);
+      if (observer) observer.observe(box); else draw(box.querySelector(".plot"), s);
+    });
+  }
+  buildFilters();
+  render();
+})();

@@ -30,7 +30,7 @@ import numpy as np
 from kbench.devices import Device
 from kbench.enums import DType
 from kbench_cuda import runtime
-from kbench_cuda.nvml import SampleLog, Telemetry
+from kbench_cuda.nvml import SampleLog, Telemetry, energy_summary
 
 #: how long an event on an idle GPU may take to complete before the device counts as busy
 BUSY_GRACE_S = 200e-6
@@ -109,6 +109,11 @@ class CudaDevice(Device):
         self._telemetry: Telemetry | None = None
         self._log = SampleLog()
         self._pending = False
+        self._energy_start: tuple[int | None, float] | None = None
+        self._energy_end: tuple[int | None, float] | None = None
+        self._kernel_s = 0.0
+        self._calls = 0
+        self._power_w: list[float] = []
 
     # -- identity and availability -------------------------------------------------------------
 
@@ -200,6 +205,12 @@ class CudaDevice(Device):
         if self._log.before is None:
             self._log.before = source.read()
         self._log.add(source.quick())
+        if self._energy_start is None:  # the case's first sample opens its energy window
+            self._energy_start = (source.energy_mj(), time.perf_counter())
+            self._kernel_s, self._calls, self._power_w = 0.0, 0, []
+        power = source.power_w()
+        if power is not None:
+            self._power_w.append(power)
 
     def _flush_l2(self, cp) -> None:
         """Overwrite a buffer larger than L2, asynchronously (see the module doc for why here)."""
@@ -220,7 +231,12 @@ class CudaDevice(Device):
         end.synchronize()
         self._pending = self._device_busy(cp)
         cp.cuda.Device(self.index).synchronize()
-        return cp.cuda.get_elapsed_time(start, end) * 1e-3
+        seconds = cp.cuda.get_elapsed_time(start, end) * 1e-3
+        if self._energy_start is not None:  # closes the energy window at the last sample's end
+            self._energy_end = (self.telemetry_source().energy_mj(), time.perf_counter())
+            self._kernel_s += seconds
+            self._calls += 1
+        return seconds
 
     def _device_busy(self, cp) -> bool:
         """Whether work queued on other (blocking) streams is still running after the end event.
@@ -249,9 +265,18 @@ class CudaDevice(Device):
         out = {"after": after, **self._log.summary()}
         if before is not None:
             out["before"] = before
+        out["energy"] = self._energy()
         if out.get("throttled_samples"):
             out["throttled"] = True
         return out
+
+    def _energy(self) -> dict[str, Any]:
+        """The case's energy (``kbench_cuda.nvml.energy_summary``), and a fresh window for the next case."""
+        start, end = self._energy_start, self._energy_end
+        self._energy_start = self._energy_end = None
+        if start is None or end is None:
+            return {"source": "none", "calls": 0}
+        return energy_summary(start[0], start[1], end[0], end[1], self._kernel_s, self._calls, self._power_w)
 
     # -- description -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""NVML telemetry: clocks, temperature, power and clock-event (throttle) reasons of one GPU.
+"""NVML telemetry: clocks, temperature, power, energy and clock-event (throttle) reasons of one GPU.
 
 ``pynvml`` (package nvidia-ml-py) is imported on first use. A missing library or driver makes
 :class:`Telemetry` report ``{"nvml": "unavailable: <reason>"}`` instead of raising.
@@ -84,6 +84,24 @@ class Telemetry:
         except Exception:  # noqa: BLE001 - a failed read is a missing reading, not a failed run
             return None
 
+    def energy_mj(self) -> int | None:
+        """NVML's total energy counter (millijoules since the driver loaded; Volta and newer), or None."""
+        if not self.available:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported on boards without the counter
+            return None
+
+    def power_w(self) -> float | None:
+        """The board's power draw now (NVML's averaged reading), in watts, or None."""
+        if not self.available:
+            return None
+        try:
+            return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+        except Exception:  # noqa: BLE001
+            return None
+
     def read(self) -> dict[str, Any]:
         """Clocks, temperature, power and clock-event reasons now."""
         if not self.available:
@@ -156,3 +174,43 @@ class SampleLog:
         self.entries = []
         self.before = None
         return out
+
+
+def energy_summary(start_mj: int | None, start_s: float, end_mj: int | None, end_s: float, kernel_s: float,
+                   calls: int, power_w: list[float] | None = None) -> dict[str, Any]:
+    """Energy of the timed samples of one case, from NVML's energy counter read before the first and after
+    the last sample (``*_mj``, ``*_s`` from ``time.perf_counter``), the summed kernel time and the calls.
+
+    ``average_w`` is the window's energy over its length: the window holds the kernels, the L2 flushes
+    before them and the host's work between samples, so it is the board's power during the measurement,
+    not during the kernel alone. ``joules_per_call`` charges each call that power for the kernel's own time
+    (``average_w x kernel_s / calls``). Without the counter (or with a window shorter than the counter's
+    update period, when it did not move) the power readings taken before each sample stand in:
+    ``source`` says which.
+    """
+    window = end_s - start_s
+    out: dict[str, Any] = {"calls": calls, "kernel_s": kernel_s, "window_s": window}
+    if calls <= 0 or window <= 0:
+        return {**out, "source": "none"}
+    average = None
+    if start_mj is not None and end_mj is not None and end_mj > start_mj:
+        out["energy_j"] = (end_mj - start_mj) / 1000.0
+        average, out["source"] = out["energy_j"] / window, "nvml energy counter"
+    else:
+        readings = [w for w in (power_w or []) if w is not None]
+        if readings:
+            average, out["source"] = sum(readings) / len(readings), "nvml power readings"
+    if average is None:
+        return {**out, "source": "none"}
+    out["average_w"] = average
+    out["joules_per_call"] = average * kernel_s / calls
+    out["kernel_fraction"] = kernel_s / window
+    return out
+
+
+def tflops_per_watt(tflops: float | None, energy: dict[str, Any] | None) -> float | None:
+    """TFLOP/s per watt of a record: its attained TFLOP/s over the measurement's average power."""
+    watts = (energy or {}).get("average_w")
+    if not tflops or not watts:
+        return None
+    return tflops / watts

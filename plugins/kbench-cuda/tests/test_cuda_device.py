@@ -118,6 +118,34 @@ def test_telemetry_without_nvml_is_a_reason_not_an_error():
     assert tel.quick() is None
 
 
+def test_energy_and_power_without_nvml_are_none():
+    tel = nvml.Telemetry(None, 0)
+    if tel.available:
+        pytest.skip("NVML is present on this machine")
+    assert tel.energy_mj() is None and tel.power_w() is None
+    assert "NVMLError" in tel.reason  # NVMLError_LibraryNotFound here: the reason names it
+
+
+def test_energy_from_the_counter():
+    # 600 J over 2 s of window, 50 calls of 10 ms each (0.5 s of kernels): 300 W, 3 J per call
+    e = nvml.energy_summary(1_000_000, 10.0, 1_600_000, 12.0, kernel_s=0.5, calls=50, power_w=[700.0])
+    assert e["source"] == "nvml energy counter"
+    assert e["energy_j"] == pytest.approx(600.0) and e["average_w"] == pytest.approx(300.0)
+    assert e["joules_per_call"] == pytest.approx(3.0) and e["kernel_fraction"] == pytest.approx(0.25)
+    assert nvml.tflops_per_watt(450.0, e) == pytest.approx(1.5)
+
+
+def test_energy_falls_back_to_power_readings_then_to_nothing():
+    # the counter did not move (window shorter than its update period): the power readings stand in
+    e = nvml.energy_summary(5000, 1.0, 5000, 1.1, kernel_s=0.02, calls=4, power_w=[400.0, None, 600.0])
+    assert e["source"] == "nvml power readings" and e["average_w"] == pytest.approx(500.0)
+    assert e["joules_per_call"] == pytest.approx(500.0 * 0.02 / 4) and "energy_j" not in e
+    nothing = nvml.energy_summary(None, 1.0, None, 2.0, kernel_s=0.1, calls=3, power_w=[])
+    assert nothing["source"] == "none" and "joules_per_call" not in nothing
+    assert nvml.energy_summary(1, 1.0, 2, 1.0, kernel_s=0.0, calls=0)["source"] == "none"
+    assert nvml.tflops_per_watt(450.0, nothing) is None and nvml.tflops_per_watt(None, {"average_w": 3}) is None
+
+
 # -- on a GPU ---------------------------------------------------------------------------------
 
 
@@ -154,6 +182,10 @@ def test_cupy_backend_passes(kbench_pm, kbench_case, kbench_check, params):
     assert rec["status"] == "passed", rec.get("reason")
     tel = rec["telemetry"]
     assert "after" in tel and tel["samples_read"] >= 0
+    energy = tel["energy"]  # every timed sample is counted; NVML (when present) gives watts
+    assert energy["calls"] == len(rec["timing"]["samples"]) and energy["kernel_s"] > 0
+    if energy["source"] != "none":
+        assert 0 < energy["average_w"] < 2000 and 0 < energy["joules_per_call"] < energy["average_w"]
 
 
 @pytest.mark.gpu

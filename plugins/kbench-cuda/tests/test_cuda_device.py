@@ -182,8 +182,8 @@ def test_cupy_backend_passes(kbench_pm, kbench_case, kbench_check, params):
     assert rec["status"] == "passed", rec.get("reason")
     tel = rec["telemetry"]
     assert "after" in tel and tel["samples_read"] >= 0
-    energy = tel["energy"]  # every timed sample is counted; NVML (when present) gives watts
-    assert energy["calls"] == len(rec["timing"]["samples"]) and energy["kernel_s"] > 0
+    energy = tel["energy"]  # every timed call of the case is counted; NVML (when present) gives watts
+    assert energy["calls"] >= len(rec["timing"]["samples"]) and energy["kernel_s"] > 0
     if energy["source"] != "none":
         assert 0 < energy["average_w"] < 2000 and 0 < energy["joules_per_call"] < energy["average_w"]
 

@@ -50,6 +50,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     "Substrate": ("kbench.kernelfile", "Substrate"),
     "HardwareProfile": ("kbench.hardware", "HardwareProfile"),
     "match_profile": ("kbench.hardware", "match_profile"),
+    "load_profiles": ("kbench.hardware", "load_profiles"),
+    "profiles_from_data": ("kbench.hardware", "profiles_from_data"),
+    "PROFILE_FILE_SCHEMA": ("kbench.hardware", "PROFILE_FILE_SCHEMA"),
     # one vocabulary for statuses and dtypes
     "DType": ("kbench.enums", "DType"),
     "Status": ("kbench.enums", "Status"),
@@ -78,6 +81,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "RunRequest": ("kbench.runner", "RunRequest"),
     "plan_run": ("kbench.runner", "plan_run"),
     "run_suite": ("kbench.runner", "run_suite"),
+    "pick_device": ("kbench.runner", "pick_device"),
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
     "render_table": ("kbench.tables", "render"),
@@ -113,14 +117,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
                                         to_device_array, torch_dtype)
     from kbench.enums import DType, Status
     from kbench.errors import BadInput, KbenchError, PluginError
-    from kbench.hardware import HardwareProfile, match_profile
+    from kbench.hardware import (PROFILE_FILE_SCHEMA, HardwareProfile, load_profiles, match_profile,
+                                 profiles_from_data)
     from kbench.kernelfile import Substrate
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import softmax_scale
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.results import atomic_write_json, now_iso
-    from kbench.runner import RunRequest, plan_run, run_suite
+    from kbench.runner import RunRequest, pick_device, plan_run, run_suite
     from kbench.selection import BackendPattern
     from kbench.suite import Suite, load_suite, suite_from_data
     from kbench.tables import render as render_table

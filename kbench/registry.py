@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import importlib
 import inspect
 import re
 import warnings
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 #: what plugins register, each with its ``add_<kind>`` method and its table (``registry.<kind>s``,
 #: ``registry.hardware``); ``owner(kind, name)`` says which plugin registered a name
 KINDS = ("op", "device", "backend", "substrate", "hardware")
+
+#: what a hardware profile describes (``HardwareProfile.kind``)
+HARDWARE_KINDS = ("gpu", "cpu", "accelerator")
 
 #: device names are lowercase words (``cpu``, ``cuda``): ``"CPU"`` is a typo, not a new device
 _DEVICE_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
@@ -59,10 +63,21 @@ class Registry:
         table[name] = obj
         self.owners[(kind, name)] = self.current_plugin
 
+    def _require(self, kind: str, obj: Any, module: str, cls: str) -> None:
+        base = getattr(importlib.import_module(module), cls)
+        if not isinstance(obj, base):
+            raise PluginError(f"plugin {self.current_plugin!r} passed a {type(obj).__name__} to add_{kind}",
+                              fix=f"register an instance of a subclass of kbench.api.{cls}")
+
     def add_op(self, op: Op) -> None:
+        self._require("op", op, "kbench.ops", "Op")
         self._add("op", self.ops, op.name, op)
 
     def add_device(self, device: Device) -> None:
+        self._require("device", device, "kbench.devices", "Device")
+        if isinstance(device.name, str) and not _DEVICE_NAME.match(device.name):
+            raise PluginError(f"plugin {self.current_plugin!r} registered a device named {device.name!r}",
+                              fix="device names are lowercase words such as cpu, cuda, rocm")
         self._add("device", self.devices, device.name, device)
 
     def add_backend(self, backend: Backend) -> None:
@@ -109,6 +124,26 @@ class Registry:
         self._add("substrate", self.substrates, substrate.name, substrate)
 
     def add_hardware(self, profile: HardwareProfile) -> None:
+        """Register a hardware profile: ``kind`` one of HARDWARE_KINDS, rates keyed by the dtype names
+        of ``kbench.hardware.DTYPES``, in FLOP/s and B/s (not the TFLOP/s of the YAML files)."""
+        from kbench.hardware import DTYPES
+
+        self._require("hardware", profile, "kbench.hardware", "HardwareProfile")
+        who = f"plugin {self.current_plugin!r}, hardware profile {profile.name!r}"
+        if profile.kind not in HARDWARE_KINDS:
+            raise PluginError(f"{who}: kind {profile.kind!r} is not one of {', '.join(HARDWARE_KINDS)}",
+                              fix=f"set kind to one of: {', '.join(HARDWARE_KINDS)}")
+        unknown = sorted(set(profile.peak_flops) - set(DTYPES))
+        if unknown:
+            raise PluginError(f"{who}: peak_flops has unknown dtype(s) {', '.join(unknown)}",
+                              fix=f"key the rates by: {', '.join(DTYPES)}")
+        for figure, value in (("bandwidth", profile.bandwidth), *profile.peak_flops.items()):
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise PluginError(f"{who}: {figure} is {value!r}", fix="give a positive number (FLOP/s, B/s) or None")
+            if figure != "bandwidth" and value is not None and value < 1e9:
+                raise PluginError(f"{who}: peak_flops[{figure!r}] = {value:g} FLOP/s looks like TFLOP/s",
+                                  fix="HardwareProfile takes FLOP/s: multiply by 1e12 (or load a YAML file in "
+                                      "the TFLOP/s units of kbench/data/hardware.yaml with load_profiles)")
         self._add("hardware", self.hardware, profile.name, profile)
 
     def owner(self, kind: str, name: str) -> str:

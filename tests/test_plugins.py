@@ -305,3 +305,35 @@ def test_error_records_point_at_their_traceback(on_path, tmp_path):
     shown = CliRunner().invoke(cli, ["show", str(out), "--format", "json", "-k", "odd"])
     assert "bad tile" in shown.output  # the command the hint gives does show the traceback
     assert traceback_hint([r for r in records if False], out) is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ('kind="GPU"', "hardware profile 'mine': kind 'GPU' is not one of gpu, cpu, accelerator"),
+    ('peak_flops={"float16": 1e15}', "hardware profile 'mine': peak_flops has unknown dtype\\(s\\) float16.*fix: key the rates by: fp64, fp32"),
+    ('peak_flops={"bf16": 989}', "hardware profile 'mine': peak_flops\\['bf16'\\] = 989 FLOP/s looks like TFLOP/s.*multiply by 1e12"),
+])
+def test_hardware_profiles_are_checked_at_registration(on_path, fields, message):
+    base = {"kind": 'kind="gpu"', "peak": 'peak_flops={"bf16": 9.89e14}'}
+    key = "kind" if fields.startswith("kind") else "peak"
+    args = ", ".join({**base, key: fields}.values())
+    mod = write_module(on_path, "kbtest_hw", f"""
+        import kbench
+        from kbench.api import HardwareProfile
+        @kbench.hookimpl
+        def kbench_register_hardware(registry):
+            registry.add_hardware(HardwareProfile(name="mine", title="Mine", {args}, bandwidth=3.35e12,
+                                                  capacity=8e10))
+    """)
+    with pytest.raises(PluginError, match=f"(?s)plugin 'kbtest_hw', {message}"):
+        PluginManager([mod], load_entry_points=False)
+
+
+def test_registering_the_wrong_type_is_named(on_path):
+    mod = write_module(on_path, "kbtest_type", """
+        import kbench
+        @kbench.hookimpl
+        def kbench_register_backends(registry):
+            registry.add_backend("numpy-flash")
+    """)
+    with pytest.raises(PluginError, match="(?s)plugin 'kbtest_type' passed str to add_backend.*subclass of kbench.api.Backend"):
+        PluginManager([mod], load_entry_points=False)

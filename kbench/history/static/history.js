@@ -113,10 +113,14 @@
       out.push({x: lx, y: ly, mode: "lines", line: {color: "#555", dash: "dash", width: 1}, name: "fitted level",
                 hoverinfo: "skip"});
     }
+    var yr = yRange(s);
     if (s.outliers && s.outliers.length) {
-      out.push({x: s.outliers.map(xOf), y: s.outliers.map(function (r) { return s.m[s.x.indexOf(r)]; }),
-                mode: "markers", marker: {symbol: "x-open", size: 11, color: "#999"}, name: "outlier (set aside)",
-                hoverinfo: "skip"});
+      /* outliers beyond the axis (slow windows of the machine) sit on its top edge as triangles */
+      out.push({x: s.outliers.map(xOf), y: s.outliers.map(function (r) { return Math.min(s.m[s.x.indexOf(r)], yr[1]); }),
+                mode: "markers", marker: {symbol: s.outliers.map(function (r) {
+                  return s.m[s.x.indexOf(r)] > yr[1] ? "triangle-up-open" : "x-open"; }), size: 11, color: "#999"},
+                text: s.outliers.map(function (r) { return "outlier, set aside: " + fmtY(s.m[s.x.indexOf(r)]); }),
+                customdata: s.outliers, hoverinfo: "text", name: "outlier", cliponaxis: false});
     }
     if (s.unconfirmed) {
       out.push({x: [xOf(s.unconfirmed.run)], y: [s.m[s.x.indexOf(s.unconfirmed.run)]], mode: "markers",
@@ -124,12 +128,28 @@
                 name: "unconfirmed " + (100 * s.unconfirmed.size).toFixed(1) + "%", hoverinfo: "name"});
     }
     if (data.env && data.env.length) {
-      var top = Math.max.apply(null, s.hi || s.m);
+      var top = yr[1];
       out.push({x: data.env.map(function (e) { return xOf(e.run); }), y: data.env.map(function () { return top; }),
-                mode: "markers", marker: {symbol: "diamond", size: 9, color: "#7f7f7f"}, name: "environment change",
+                mode: "markers", marker: {symbol: "diamond", size: 9, color: "#7f7f7f"}, name: "environment change", cliponaxis: false,
                 text: data.env.map(function (e) { return e.text; }), hoverinfo: "text"});
     }
     return out;
+  }
+  /* the axis follows the points that were not set aside, so one slow window does not flatten the rest */
+  function yRange(s) {
+    var out = {};
+    (s.outliers || []).forEach(function (r) { out[r] = 1; });
+    var ms = [], his = [], los = [];
+    s.x.forEach(function (r, k) {
+      if (out[r]) return;
+      ms.push(s.m[k]); if (s.hi) { his.push(s.hi[k]); los.push(s.lo[k]); }
+    });
+    if (!ms.length) ms = s.m.slice();
+    his.sort(function (a, b) { return a - b; });
+    var hi = Math.max(Math.max.apply(null, ms), his.length ? his[Math.floor(0.9 * (his.length - 1))] : 0);
+    var lo = Math.min(Math.min.apply(null, ms), los.length ? Math.min.apply(null, los) : Infinity);
+    var pad = 0.08 * (hi - lo || hi * 0.05);
+    return [lo - pad, hi + pad];
   }
   function layout(s) {
     var shapes = [], annotations = [];
@@ -148,7 +168,7 @@
     return {height: 300, margin: {l: 70, r: 20, t: 30, b: 40}, showlegend: false, shapes: shapes,
             annotations: annotations, hovermode: "closest",
             xaxis: {title: {text: lineage ? "version" : "commit date (run time where unknown)"}, dtick: lineage ? 1 : undefined},
-            yaxis: {title: {text: lineage ? "TFLOP/s" : "median time (s)"}, exponentformat: "SI"}};
+            yaxis: {title: {text: lineage ? "TFLOP/s" : "median time (s)"}, tickformat: "~s", range: yRange(s)}};
   }
   function draw(div, s) {
     Plotly.newPlot(div, traces(s), layout(s), {displaylogo: false, responsive: true}).then(function () {

@@ -1,0 +1,189 @@
+"""Histories and steps: detection rates on synthetic histories, noise weighting, outliers, ordering, the CLI."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import history_synthetic as hs
+from kbench.cli import cli
+from kbench.errors import BadInput
+from kbench.history import load_histories
+from kbench.history.changepoints import detect
+from kbench.history.runs import environment_changes, load_runs
+
+SEEDS = range(10)
+
+
+def _step_run(seed: int) -> int:
+    return int(np.random.default_rng(1000 + seed).integers(5, 26))
+
+
+@pytest.mark.parametrize("size", [0.05, -0.05])
+def test_a_five_percent_step_is_found_at_its_run_in_nine_of_ten_histories(size):
+    found = 0
+    for seed in SEEDS:
+        k = _step_run(seed)
+        fit = detect(*hs.medians(1000 + seed, n=30, step_at=k, step=size))
+        # exactly one step, its run range holds run k and is at most 3 runs wide, its size near 5%
+        if (len(fit.steps) == 1 and fit.steps[0].before < k <= fit.steps[0].after
+                and fit.steps[0].after - fit.steps[0].before <= 3
+                and abs(fit.steps[0].size - size) < 0.02 and fit.steps[0].confidence > 0.99):
+            found += 1
+    assert found >= 9
+
+
+def test_flat_histories_show_no_step_in_nine_of_ten():
+    flat = sum(1 for seed in SEEDS if not detect(*hs.medians(seed, n=30)).steps)
+    assert flat >= 9
+
+
+def test_the_noise_of_the_runs_decides_whether_a_shift_is_a_step():
+    # the same medians: a 1.5% shift at run 15 among 0.2% wiggles
+    wiggle = 1 + 0.002 * np.tile([1, -1, 0.5, -0.5, 0], 6)
+    med = 1e-3 * wiggle * np.where(np.arange(30) >= 15, 1.015, 1.0)
+    quiet = detect(med, med * 0.999, med * 1.001)
+    assert [(s.before, s.after) for s in quiet.steps] == [(14, 15)]
+    assert quiet.steps[0].size == pytest.approx(0.015, abs=0.003)
+    # runs whose own confidence intervals are +-6% cannot show a 1.5% shift
+    noisy = detect(med, med * 0.94, med * 1.06)
+    assert noisy.steps == []
+
+
+def test_a_slow_window_is_an_outlier_not_a_step():
+    rng = np.random.default_rng(3)
+    med = 1e-3 * np.exp(rng.normal(0, 0.005, 30))
+    med[12] *= 1.6
+    med[13] *= 1.5  # two runs in a row, as the VM's slow windows can be
+    fit = detect(med, med * 0.998, med * 1.002)
+    assert fit.steps == []
+    assert {12, 13} <= set(fit.outliers)
+
+
+def test_the_newest_run_alone_is_unconfirmed_and_two_runs_make_a_step():
+    rng = np.random.default_rng(4)
+    med = 1e-3 * np.exp(rng.normal(0, 0.005, 31))
+    med[30] *= 1.10
+    fit = detect(med[:31], med[:31] * 0.998, med[:31] * 1.002)
+    assert fit.steps == [] and fit.unconfirmed is not None
+    assert fit.unconfirmed.index == 30 and fit.unconfirmed.size == pytest.approx(0.10, abs=0.02)
+    med2 = np.append(med, med[30] * 1.002)
+    fit2 = detect(med2, med2 * 0.998, med2 * 1.002)
+    assert fit2.unconfirmed is None
+    assert [(s.before, s.after) for s in fit2.steps] == [(29, 30)]
+
+
+def test_environment_changes_are_found_between_consecutive_runs(tmp_path):
+    hs.write_history(tmp_path / "r", seed=0, n=6, env_change_at=4)
+    runs = load_runs([tmp_path / "r"])
+    changes = environment_changes(runs)
+    assert [c.run for c in changes] == [4]
+    assert changes[0].text == "torch 2.12.1 \u2192 2.13.0"
+
+
+def _git(repo, *args, env=None):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def test_runs_are_ordered_by_commit_date_not_run_time(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    shas = []
+    for i, day in enumerate(("2026-01-01", "2026-02-01", "2026-03-01")):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        env = {"GIT_AUTHOR_DATE": f"{day}T00:00:00+00:00", "GIT_COMMITTER_DATE": f"{day}T00:00:00+00:00",
+               "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+        _git(repo, "commit", "-q", "-m", str(i), env=env)
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+    paths = hs.write_history(tmp_path / "r", seed=1, n=3)
+    # measured in the reverse order of the commits (a back-fill of old commits); one commit unknown to git
+    for path, sha in zip(paths, [shas[2], shas[1], shas[0]]):
+        data = json.loads(path.read_text())
+        data["environment"]["git_commit"] = sha + ("-dirty" if sha == shas[1] else "")
+        path.write_text(json.dumps(data))
+    runs = load_runs([tmp_path / "r"], repo=repo)
+    assert [r.commit for r in runs] == shas
+    assert runs[1].dirty and runs[0].commit_time == _dt.datetime(2026, 1, 1, tzinfo=_dt.timezone.utc)
+    # without the repository: by run time
+    assert [r.commit for r in load_runs([tmp_path / "r"], repo=None)] == [shas[2], shas[1], shas[0]]
+
+
+def test_machines_are_kept_apart_unless_mixed(tmp_path):
+    hs.write_history(tmp_path / "r", seed=2, n=4)
+    hs.write_history(tmp_path / "r", seed=3, n=5, machine={"id": "other-box", "device": "cpu", "cpu": "X", "cores": 8})
+    _, apart = load_histories([tmp_path / "r"])
+    assert [(h.machine, len(h.runs)) for h in apart] == [("cpu-test-2c", 4), ("other-box", 5)]
+    _, mixed = load_histories([tmp_path / "r"], mix_machines=True)
+    assert len(mixed) == 1 and len(mixed[0].runs) == 9 and mixed[0].env_changes == []
+    assert {r.machine_id for r in mixed[0].runs} == {"cpu-test-2c", "other-box"}
+
+
+def test_non_result_json_is_skipped_and_a_damaged_result_is_bad_input(tmp_path):
+    hs.write_history(tmp_path / "r", seed=5, n=3)
+    (tmp_path / "r" / "cpu-test-2c" / "calibration.json").write_text('{"format": "kbench-calibration"}')
+    assert len(load_runs([tmp_path / "r"])) == 3
+    bad = tmp_path / "r" / "cpu-test-2c" / "attention-broken.json"
+    bad.write_text('{"format": "kbench-result", "version": 2, "records": [')
+    with pytest.raises(BadInput) as err:
+        load_runs([tmp_path / "r"])
+    assert "attention-broken.json" in str(err.value)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hist")
+    hs.write_history(root / "results", seed=11, n=30, step_at=20, step=0.06, backends=("numpy", "numpy-flash"),
+                     env_change_at=25)
+    return root / "results"
+
+
+def test_regressions_lists_the_step_with_its_commit_range_and_fails_for_ci(stepped):
+    res = invoke("regressions", stepped)
+    assert res.exit_code == 0
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("+ ")]
+    assert len(lines) == 1, res.output
+    assert "numpy " in lines[0] and "d=32,noncausal" in lines[0]
+    assert f"{hs.fake_commit(19, 'cpu-test-2c')[:10]}..{hs.fake_commit(20, 'cpu-test-2c')[:10]}" in lines[0]
+    assert "1 slower and 0 faster steps" in res.output
+
+    failed = CliRunner().invoke(cli, ["regressions", str(stepped), "--fail"])
+    assert failed.exit_code == 1 and "regressions of 2% or more" in failed.stderr
+    # a step smaller than the threshold, or before --since, does not fail the build
+    assert invoke("regressions", stepped, "--fail", "--threshold", "10%").exit_code == 0
+    assert invoke("regressions", stepped, "--fail", "--since", "2026-10-25").exit_code == 0
+    assert invoke("regressions", stepped, "--fail", "--since", hs.fake_commit(15, "cpu-test-2c")[:8]).exit_code == 1
+
+
+def test_regressions_json_and_bad_input(stepped, tmp_path):
+    data = json.loads(invoke("regressions", stepped, "--format", "json").output)
+    (step,) = data["steps"]
+    assert step["change"] == "slower" and 0.04 < step["size"] < 0.08 and step["confidence"] > 0.99
+    assert step["before"]["commit"] == hs.fake_commit(19, "cpu-test-2c")
+    assert step["after"]["commit"] == hs.fake_commit(20, "cpu-test-2c")
+    res = CliRunner().invoke(cli, ["regressions", str(stepped), "--threshold", "lots"])
+    assert res.exit_code == 2 and "--threshold" in res.stderr and "2%" in res.stderr
+    res = CliRunner().invoke(cli, ["regressions", str(stepped), "--since", "no-such-ref"])
+    assert res.exit_code == 2 and "--since" in res.stderr
+    res = CliRunner().invoke(cli, ["regressions", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "missing" in res.stderr
+
+
+def test_flat_history_passes_the_gate(tmp_path):
+    hs.write_history(tmp_path / "r", seed=12, n=30, backends=("numpy", "numpy-flash"))
+    res = invoke("regressions", tmp_path / "r", "--fail")
+    assert res.exit_code == 0 and "0 slower and 0 faster" in res.output

@@ -366,3 +366,26 @@ def test_bad_workload_file_names_file_and_place(tmp_path):
     res = invoke("-m", "llama-3.1-8b", "-w", "mine", "--workload-file", path)
     assert res.exit_code == 2
     assert str(path) in res.output and "sum to 0.5" in res.output and "line" in res.output
+
+
+def test_phase_table_by_hand():
+    from kbench.plan.report import phase_rows
+
+    planner = toy_planner()
+    [row] = phase_rows(planner)
+    # the toy request fits one device; prefill 733 us; 11,089 requests fit the KV room of 100 GB
+    assert row[:3] == ["toy-gpu", "1", "0.733 ms"]
+    assert row[4] == str((100 * 10**9 - 2 * TOY_TOTAL) // (1100 * TOY_KV_PER_TOKEN)) == "11089"
+    # prefill energy per token: 500 W x 732.672 us / 1000 tokens; decode: 500 W x step(11,089) / 11,089
+    assert float(row[3]) == pytest.approx(500 * 732.672e-6 / 1000, rel=1e-3)
+    full = max(2 * TOY_MATMUL * 11089 / 100e12, 2 * TOY_TOTAL / 1e12) + 11089 * 1050 * TOY_KV_PER_TOKEN / 1e12
+    assert float(row[8]) == pytest.approx(500 * full / 11089, rel=1e-3)
+
+
+def test_default_hardware_skips_profiles_without_the_precision():
+    # rubin-cpx has only an fp4 rate: named, it is bad input; by default it is left out
+    res = invoke("-m", "llama-3.1-8b", "-w", "chat", "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert "rubin-cpx" not in res.output
+    named = invoke("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "rubin-cpx")
+    assert named.exit_code == 2 and "no bf16 compute rate" in named.output

@@ -75,8 +75,8 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                                     parse_prices, parse_slo, with_price)
     from kbench.plan.measured import MeasuredRates, load_rates
     from kbench.plan.model import Assumptions, Planner, best_per_choice
-    from kbench.plan.report import (TABLE_HEADERS, input_rows, plan_json, plot_pareto, sensitivity,
-                                    table_rows)
+    from kbench.plan.report import (PHASE_HEADERS, TABLE_HEADERS, input_rows, phase_rows, plan_json, plot_pareto,
+                                    sensitivity, table_rows)
     from kbench.roofline import builtin_models, check_dtype, load_models, pick, split_names
 
     known_models = {m.name: m for m in builtin_models()}
@@ -127,6 +127,10 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
         return Planner(model, workload, chosen_hw, known_links, a, measured, links=chosen_links or None,
                        tp_degrees=degrees)
 
+    if not split_names(hardware):   # by default, every GPU profile that has the figures for this precision
+        from kbench.plan.model import DeviceModel
+
+        chosen_hw = [hw for hw in chosen_hw if DeviceModel(hw, model, assume).usable]
     planner = planner_for(assume)
     for name, dm in planner.devices.items():
         if not dm.usable:
@@ -149,6 +153,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                                        "attainment": workload.attainment}, "rank_by": rank_by,
                                "assumptions": assume.__dict__, "meets_slo": bool(meeting),
                                "plans": [plan_json(p) for p in shown],
+                               "phases": [dict(zip(PHASE_HEADERS, r)) for r in phase_rows(planner)],
                                "inputs": [dict(zip(("hardware", "rate", "origin", "detail"), r))
                                           for r in input_rows(planner)]}, indent=1))
     else:
@@ -174,6 +179,9 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                        "requests meeting the SLO. TTFT: mean wait + prefill (+ KV transfer), worst class. batch: "
                        "decode batch per instance / the most the KV room allows. wall: the roof binding each phase "
                        "(capacity: the decode batch is limited by memory).")
+            click.echo("\nper hardware type and phase (at the smallest tensor-parallel degree holding the weights and "
+                       "the largest request; full: the batch the KV room allows; J at TDP):")
+            click.echo(render(PHASE_HEADERS, phase_rows(planner), fmt))
             click.echo("\nrates used (measured: a result file; calibrated: `kbench calibrate` roofs; roofline: the "
                        "datasheet times an assumed efficiency):")
             click.echo(render(("hardware", "rate", "from", "value"), input_rows(planner), fmt))

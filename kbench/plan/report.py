@@ -67,6 +67,40 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "reason": p.reason}
 
 
+PHASE_HEADERS = ("hardware", "TP needed", "prefill time per class", "prefill J/token", "KV room reqs",
+                 "decode step b=1", "decode step full", "decode tok/s full", "decode J/token", "wall prefill | decode")
+
+
+def phase_rows(planner: Planner) -> list[list[str]]:
+    """Per hardware type at the smallest tensor-parallel degree that holds the weights and the largest request:
+    the time of each class's prefill, a decode step at batch 1 and at the batch the KV room allows, the
+    decode rate, and energy per token at TDP."""
+    rows = []
+    wl = planner.workload
+    for hw in planner.hardware:
+        dm = planner.devices[hw.name]
+        if not dm.usable:
+            continue
+        tp = next((t for t in planner.degrees(hw)
+                   if dm.kv_room(t) >= planner.largest_request * dm.kv_per_token), None)
+        if tp is None:
+            need = dm.weight_bytes + planner.largest_request * dm.kv_per_token
+            rows.append([hw.name, f"> {max(planner.degrees(hw))} ({need / 1e9:.0f} GB)"] + ["-"] * 8)
+            continue
+        pre = [dm.prefill(c.input, tp) for c in wl.mix]
+        b_max = max(1, math.floor(dm.kv_room(tp) / (planner.slot_tokens * dm.kv_per_token)))
+        one = dm.decode_step(1, planner.decode_context, tp)
+        full = dm.decode_step(b_max, planner.decode_context, tp)
+        watts = tp * hw.power_watts if hw.power_watts else None
+        mean_s = sum(c.share * p.seconds for c, p in zip(wl.mix, pre))
+        pre_j = None if watts is None else watts * mean_s / wl.mean("input")
+        dec_j = None if watts is None else watts * full.seconds / b_max
+        rows.append([hw.name, str(tp), " / ".join(_time(p.seconds) for p in pre), _g(pre_j), str(b_max),
+                     _time(one.seconds), _time(full.seconds), _g(b_max / full.seconds), _g(dec_j),
+                     f"{'/'.join(sorted({p.wall for p in pre}))} | {full.wall}"])
+    return rows
+
+
 def input_rows(planner: Planner) -> list[list[str]]:
     """Per hardware type: each rate the plan uses, its value and whether it was measured."""
     rows = []
@@ -166,5 +200,5 @@ def plot_pareto(plans: Sequence[Plan], path: str, *, title: str) -> str:
     return path
 
 
-__all__ = ["TABLE_HEADERS", "DeviceModel", "input_rows", "pareto", "plan_json", "plot_pareto", "sensitivity",
+__all__ = ["PHASE_HEADERS", "TABLE_HEADERS", "DeviceModel", "input_rows", "phase_rows", "pareto", "plan_json", "plot_pareto", "sensitivity",
            "table_rows"]

@@ -337,3 +337,21 @@ def test_registering_the_wrong_type_is_named(on_path):
     """)
     with pytest.raises(PluginError, match="(?s)plugin 'kbtest_type' passed str to add_backend.*subclass of kbench.api.Backend"):
         PluginManager([mod], load_entry_points=False)
+
+
+def test_the_documented_hardware_profile_file_loads_and_registers(on_path):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md").read_text()
+    (on_path / "hw.yaml").write_text(re.search(r"```yaml\n(version: 1\n.*?)```", doc, re.S).group(1))
+    mod = write_module(on_path, "kbtest_hwfile", f"""
+        import kbench
+        from kbench.api import load_profiles
+        @kbench.hookimpl
+        def kbench_register_hardware(registry):
+            for profile in load_profiles({str(on_path / "hw.yaml")!r}):
+                registry.add_hardware(profile)
+    """)
+    profile = PluginManager([mod], load_entry_points=False).registry.hardware["my-gpu"]
+    assert profile.peak_flops["bf16"] == 990e12 and profile.bandwidth == 3.35e12 and profile.kind == "gpu"

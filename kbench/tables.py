@@ -58,6 +58,33 @@ def record_row(rec: dict[str, Any]) -> list[str]:
             fmt_num(metrics.get("tflops")), fmt_num(metrics.get("gbps")), roof.strip(), fmt_num(corr.get("rel_l2"), 2)]
 
 
+#: columns added when a record carries energy (CUDA device with NVML: telemetry.energy)
+ENERGY_HEADERS = ("J/call", "W", "TFLOP/s/W")
+
+
+def energy_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's measured energy (``telemetry.energy`` with watts), or {}."""
+    energy = (rec.get("telemetry") or {}).get("energy") or {}
+    return energy if energy.get("average_w") else {}
+
+
+def energy_row(rec: dict[str, Any]) -> list[str]:
+    """Joules per call, average watts and TFLOP/s per watt (attained TFLOP/s over the average power)."""
+    energy = energy_of(rec)
+    if not energy:
+        return ["", "", ""]
+    tflops = (rec.get("metrics") or {}).get("tflops")
+    return [fmt_num(energy.get("joules_per_call")), fmt_num(energy["average_w"]),
+            fmt_num(tflops / energy["average_w"] if tflops else None)]
+
+
+def record_columns(records: Sequence[dict[str, Any]]) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Headers and rows of a records table; the energy columns only when some record measured energy."""
+    with_energy = any(energy_of(r) for r in records)
+    headers = RECORD_HEADERS + (ENERGY_HEADERS if with_energy else ())
+    return headers, [record_row(r) + (energy_row(r) if with_energy else []) for r in records]
+
+
 def split_skipped(records: Iterable[dict[str, Any]]):
     """Skipped records with one reason for every case of a backend collapse into one line each."""
     records = list(records)
@@ -78,9 +105,9 @@ def records_table(records: Iterable[dict[str, Any]], fmt: str = "table") -> str:
     if fmt == "json":
         return render(RECORD_HEADERS, [], fmt, raw=records)
     if fmt == "csv":
-        return render(RECORD_HEADERS, [record_row(r) for r in records], fmt)
+        return render(*record_columns(records), fmt)
     shown, collapsed = split_skipped(records)
-    text = render(RECORD_HEADERS, [record_row(r) for r in shown], fmt) if shown else ""
+    text = render(*record_columns(shown), fmt) if shown else ""
     if collapsed:
         lines = [f"  {name}: {reason}" for name, reason in sorted(collapsed.items())]
         text += ("\n\n" if text else "") + "skipped on every case:\n" + "\n".join(lines)

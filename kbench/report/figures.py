@@ -105,6 +105,43 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
     return fig
 
 
+def energy(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
+    """Joules per call and TFLOP/s per watt against sequence length, per backend (records with NVML energy).
+
+    One line per (series, head_dim, masking); ``None`` when no passed record measured energy.
+    """
+    pts = [r for r in _passed(rows) if "seqlen_kv" in r["rec"]["case"]
+           and ((r["rec"].get("telemetry") or {}).get("energy") or {}).get("average_w")]
+    if not pts:
+        return None
+    fig = _new_figure(11, 3.8)
+    ax_j, ax_w = fig.subplots(1, 2)
+    lines: dict[tuple, list] = {}
+    for r in pts:
+        c = r["rec"]["case"]
+        lines.setdefault((r["series"], c.get("head_dim"), c.get("causal")), []).append(r)
+    for (series, d, causal), group in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        group = sorted(group, key=lambda r: r["rec"]["case"]["seqlen_kv"])
+        xs = [r["rec"]["case"]["seqlen_kv"] for r in group]
+        e = [r["rec"]["telemetry"]["energy"] for r in group]
+        label = f"{series} d={d}{' causal' if causal else ''}"
+        style = dict(color=palette[series], marker="o", markersize=4, linewidth=1.3,
+                     linestyle="--" if causal else "-")
+        ax_j.plot(xs, [x.get("joules_per_call") for x in e], label=label, **style)
+        ax_w.plot(xs, [r["rec"]["metrics"]["tflops"] / x["average_w"] for r, x in zip(group, e)], label=label,
+                  **style)
+    for ax, ylabel in ((ax_j, "joules per call"), (ax_w, "TFLOP/s per watt")):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("sequence length (keys)")
+        ax.set_ylabel(ylabel)
+    ax_j.set_yscale("log")
+    ax_w.set_ylim(bottom=0)
+    ax_w.legend(fontsize=7, frameon=False)
+    return fig
+
+
 def speedup(table, palette: Mapping[str, str]) -> Figure | None:
     """Horizontal bars: each backend's speedup over the baseline per case, CI as error bars."""
     backends = [b for b in table.backends if any(s.speedup for (c, n), s in table.cells.items() if n == b)]

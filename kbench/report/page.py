@@ -104,9 +104,42 @@ def hardware_items(hw: Mapping[str, Any] | None) -> dict[str, Any]:
     return items
 
 
+ENERGY_TABLE_HEADERS = ("case", "backend", "TFLOP/s", "J/call", "W", "TFLOP/s/W", "kernel share", "power limit W",
+                        "throttled samples", "energy from")
+
+
+def energy_tables(runs) -> list[tuple[str, str, str]]:
+    """(anchor, heading, html) of an energy table per run that has records with NVML energy."""
+    from kbench.tables import energy_of, energy_row, fmt_num, fmt_pct
+
+    out = []
+    for run in runs:
+        recs = [r for r in run.data["records"] if r["status"] == "passed" and energy_of(r)]
+        if not recs:
+            continue
+        rows = []
+        for r in recs:
+            tele, energy = r.get("telemetry") or {}, energy_of(r)
+            limit = (tele.get("after") or {}).get("power_limit_w")
+            rows.append([r["case_id"], r["backend"], fmt_num((r.get("metrics") or {}).get("tflops")), *energy_row(r),
+                         fmt_pct(energy.get("kernel_fraction")), fmt_num(limit), len(tele.get("throttled_samples") or []),
+                         energy.get("source", "")])
+        note = ("<p>Energy of the timed samples from NVML's energy counter (read before the first and after the "
+                "last sample); W is the board's average power over that window (kernels, L2 flushes, host work "
+                "between samples: <i>kernel share</i> of it is kernel time), J/call charges each call that power "
+                "for its own kernel time, TFLOP/s/W is the attained TFLOP/s over that power.</p>")
+        out.append((f"energy-{run.label}", f"Energy of {run.label}",
+                    note + html_table(ENERGY_TABLE_HEADERS, rows, numeric=range(2, 9))))
+    return out
+
+
 def page(*, title: str, runs, summary_cards: Sequence[str], figures, tables: Sequence[tuple[str, str, str]],
          svg_of) -> str:
-    """Assemble the page. ``tables``: (anchor, heading, html); ``figures``: a report.Figures."""
+    """Assemble the page. ``tables``: (anchor, heading, html); ``figures``: a report.Figures.
+
+    Runs whose records measured energy (CUDA with NVML) get an energy table after the given tables.
+    """
+    tables = list(tables) + energy_tables(runs)
     nav = [("summary", "Summary")]
     nav += [(name, t) for name, (t, _, _) in figures.items.items()]
     nav += [(a, h) for a, h, _ in tables] + [("machine", "Machine and environment")]

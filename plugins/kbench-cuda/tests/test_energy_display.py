@@ -1,0 +1,70 @@
+"""Energy in `kbench show` and `kbench report`: a real result file whose passed records carry the
+``telemetry.energy`` the cuda device writes (kbench_cuda.nvml.energy_summary)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kbench.cli import cli as kbench_main
+from kbench_cuda.nvml import energy_summary
+
+ROOT = Path(__file__).resolve().parents[3]
+REFERENCE_RUN = ROOT / "results" / "cpu-amd-epyc-2c" / "attention-20261129-183310.json"
+
+
+@pytest.fixture
+def result_with_energy(tmp_path) -> tuple[Path, dict]:
+    if not REFERENCE_RUN.exists():
+        pytest.skip("the committed reference run is not here")
+    data = json.loads(REFERENCE_RUN.read_text())
+    passed = [r for r in data["records"] if r["status"] == "passed"]
+    # 2 s window, 300 J, kernels 0.5 s over 50 calls: 150 W average, 1.5 J per call
+    energy = energy_summary(10_000, 1.0, 310_000, 3.0, kernel_s=0.5, calls=50)
+    passed[0]["telemetry"] = {**(passed[0].get("telemetry") or {}), "energy": energy,
+                              "after": {"power_limit_w": 700.0}, "throttled_samples": [1, 2]}
+    path = tmp_path / "with-energy.json"
+    path.write_text(json.dumps(data))
+    return path, passed[0]
+
+
+def test_show_has_energy_columns_only_when_measured(result_with_energy):
+    path, rec = result_with_energy
+    out = CliRunner().invoke(kbench_main, ["show", str(path), "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    rows = list(csv.reader(io.StringIO(out.output)))
+    assert rows[0][-3:] == ["J/call", "W", "TFLOP/s/W"]
+    row = next(r for r in rows if r[0] == rec["case_id"] and r[1] == rec["backend"])
+    assert row[-3:] == ["1.5", "150", f"{rec['metrics']['tflops'] / 150:.3g}"]
+    assert all(r[-3:] == ["", "", ""] for r in rows[1:] if r and r is not row)
+    plain = CliRunner().invoke(kbench_main, ["show", str(REFERENCE_RUN), "--format", "csv"])
+    assert plain.exit_code == 0 and "J/call" not in plain.output.splitlines()[0]
+
+
+def test_report_has_an_energy_table(result_with_energy, tmp_path):
+    path, rec = result_with_energy
+    html_path = tmp_path / "report.html"
+    out = CliRunner().invoke(kbench_main, ["report", str(path), "-o", str(html_path)])
+    assert out.exit_code == 0, out.output
+    html = html_path.read_text()
+    section = html[html.index('<section id="energy-'):]
+    section = section[:section.index("</section>")]
+    assert rec["case_id"] in section and ">1.5<" in section and ">150<" in section and ">700<" in section
+    assert "25.0%" in section  # kernel share: 0.5 s of kernels in a 2 s window
+
+
+def test_energy_figure_plots_joules_and_tflops_per_watt(result_with_energy):
+    from kbench.report import figures
+
+    path, rec = result_with_energy
+    rows = [{"series": r["backend"], "rec": r} for r in json.loads(path.read_text())["records"]]
+    fig = figures.energy(rows, {r["series"]: "#123456" for r in rows})
+    left, right = fig.axes
+    assert len(left.lines) == len(right.lines) == 1
+    assert list(left.lines[0].get_ydata()) == [pytest.approx(1.5)]
+    assert list(right.lines[0].get_ydata()) == [pytest.approx(rec["metrics"]["tflops"] / 150)]
+    assert figures.energy([{"series": "x", "rec": {**rec, "telemetry": {}}}], {"x": "#000000"}) is None

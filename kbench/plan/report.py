@@ -185,8 +185,12 @@ def plot_pareto(plans: Sequence[Plan], path: str, *, title: str) -> str:
         if front:
             ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-", color="black", linewidth=1,
                     label="Pareto front")
-            for i in front:
-                ax.annotate(good[i].label, pts[i], fontsize=6, xytext=(4, 2), textcoords="offset points")
+            labels: dict[tuple[float, float], list[str]] = {}
+            for i in front:   # plans with the same figures (e.g. the same pools over different links) share a label
+                labels.setdefault(pts[i], []).append(good[i].label)
+            for pt, names in labels.items():
+                more = f" (+{len(names) - 1} alike)" if len(names) > 1 else ""
+                ax.annotate(names[0] + more, pt, fontsize=6, xytext=(4, 2), textcoords="offset points")
         ax.set_xlabel("cost per million tokens of requests meeting the SLO ($)")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)

@@ -1,0 +1,180 @@
+"""``kbench publish``: the site's pages and data, its links, lineages, and the site opened in headless Chromium."""
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import history_synthetic as hs
+from kbench.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+#: the committed CPU reference run and the VM's calibration (copied: other runs may sit beside them, git-ignored)
+COMMITTED = [REPO / "results" / "cpu-amd-epyc-2c" / "attention-20261129-183310.json",
+             REPO / "results" / "cpu-amd-epyc-2c" / "calibration.json"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def page_data(page: Path) -> dict:
+    m = re.search(r'<script type="application/json" id="kbench-data">(.*?)</script>', page.read_text(), re.S)
+    assert m, f"no data in {page}"
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The committed results plus a generated 30-run history with a step and an environment change."""
+    root = tmp_path_factory.mktemp("pub")
+    (root / "committed" / "cpu-amd-epyc-2c").mkdir(parents=True)
+    for f in COMMITTED:
+        shutil.copy(f, root / "committed" / "cpu-amd-epyc-2c" / f.name)
+    hs.write_history(root / "results", seed=21, n=30, step_at=18, step=0.06, backends=("numpy", "numpy-flash"),
+                     env_change_at=10)
+    lineages = root / "evolve"
+    _make_lineage(lineages, root / "results" / "cpu-test-2c")
+    out = root / "site"
+    res = invoke("publish", root / "committed", root / "results", "-o", out, "--lineages", lineages,
+                 "--commit-url", "https://example.org/commit/{commit}")
+    assert res.exit_code == 0, res.output
+    return out, root
+
+
+def _make_lineage(workspace: Path, results: Path) -> None:
+    from kbench_evolve.store import Lineage
+
+    lin = Lineage.create(workspace, "demo", seed=Path("seed.py"), suite_path="suites/smoke.yaml")
+    files = sorted(results.glob("*.json"))
+    case = "attention[b=1,sq=64,sk=64,hq=4,hkv=4,d=32,noncausal,fp32]"
+    for number, score in enumerate((1.0, 1.2, 1.5), start=1):
+        lin.commit("def attention(q, k, v): ...\n", {"operator": "mutate", "rationale": f"try {number}",
+                                                       "scores": {case: score}, "geomean": score,
+                                                       "result_files": [str(files[number])]})
+
+
+def test_site_pages_and_index(site):
+    out, _ = site
+    for name in ("index.html", "summary.html", "regressions.html", "machine-cpu-test-2c.html",
+                 "machine-cpu-amd-epyc-2c.html", "lineage-demo.html", "assets/plotly.min.js", "assets/history.js"):
+        assert (out / name).is_file(), name
+    index = (out / "index.html").read_text()
+    assert 'href="machine-cpu-amd-epyc-2c.html"' in index and 'href="lineage-demo.html"' in index
+    # no page refers to anything outside the site but result files and the commit links asked for
+    for page in out.glob("*.html"):
+        for ref in re.findall(r'(?:src|href)="([^"]+)"', page.read_text()):
+            assert not ref.startswith(("http:", "//")), (page.name, ref)
+
+
+def test_machine_page_data_series_steps_environment_and_links(site):
+    out, root = site
+    data = page_data(out / "machine-cpu-test-2c.html")
+    assert len(data["runs"]) == 30 and len(data["series"]) == 4
+    times = [r["time"] for r in data["runs"]]
+    assert times == sorted(times)
+    assert [e["run"] for e in data["env"]] == [10] and "torch 2.12.1" in data["env"][0]["text"]
+    stepped = [s for s in data["series"] if s["steps"]]
+    assert [(s["backend"], s["params"]) for s in stepped] == [("numpy", {"dtype": "fp32", "head_dim": 32,
+                                                                          "causal": False})]
+    (step,) = stepped[0]["steps"]
+    assert step["before"] < 18 <= step["after"] and 0.04 < step["size"] < 0.08
+    for s in data["series"]:
+        assert len(s["x"]) == len(s["m"]) == len(s["lo"]) == len(s["hi"])
+        assert all(lo <= m <= hi for lo, m, hi in zip(s["lo"], s["m"], s["hi"]))
+    # every point's run links to its result file (relative: works from the file system) and commit
+    for run in data["runs"]:
+        assert (out / run["file"]).resolve().is_file()
+        assert run["commit_url"] == f"https://example.org/commit/{run['commit']}"
+    committed = page_data(out / "machine-cpu-amd-epyc-2c.html")
+    assert len(committed["runs"]) == 1 and len(committed["series"]) == 84
+
+
+def test_summary_compares_latest_with_previous_like_kbench_compare(site):
+    out, _ = site
+    text = (out / "summary.html").read_text()
+    assert "suite attention:" in text and "4 pairs:" in text
+    assert "one run only" in text  # the committed CPU reference has a single run
+
+
+def test_regressions_page_lists_the_step(site):
+    out, _ = site
+    text = html.unescape((out / "regressions.html").read_text())
+    assert "slower" in text and hs.fake_commit(17, "cpu-test-2c")[:10] in text
+
+
+def test_lineage_page_has_versions_in_order_with_bands(site):
+    out, _ = site
+    data = page_data(out / "lineage-demo.html")
+    assert [v["number"] for v in data["versions"]] == [1, 2, 3]
+    geo = data["series"][0]
+    assert geo["x"] == [1, 2, 3] and geo["m"] == [1.0, 1.2, 1.5]
+    case = data["series"][1]
+    assert all(lo <= hi for lo, hi in zip(case["lo"], case["hi"])) and case["lo"] != case["m"]
+
+
+def test_mixed_machines_only_when_asked(tmp_path):
+    hs.write_history(tmp_path / "r", seed=2, n=4)
+    hs.write_history(tmp_path / "r", seed=3, n=5, machine={"id": "box-b", "device": "cpu", "cpu": "X", "cores": 8})
+    assert invoke("publish", tmp_path / "r", "-o", tmp_path / "apart").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "apart").glob("machine-*.html")) == [
+        "machine-box-b.html", "machine-cpu-test-2c.html"]
+    assert invoke("publish", tmp_path / "r", "-o", tmp_path / "mixed", "--mix-machines").exit_code == 0
+    data = page_data(tmp_path / "mixed" / "machine-all_machines.html")
+    assert data["mixed"] and len(data["runs"]) == 9
+
+
+def test_bad_commit_url_is_bad_input(tmp_path):
+    hs.write_history(tmp_path / "r", seed=2, n=2)
+    res = CliRunner().invoke(cli, ["publish", str(tmp_path / "r"), "-o", str(tmp_path / "s"), "--commit-url", "x"])
+    assert res.exit_code == 2 and "{commit}" in res.stderr
+
+
+# -- a real browser ---------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """The page's DOM after its scripts ran, and every console message (our pages print none)."""
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
+                           "--virtual-time-budget=15000", "--window-size=1400,6000", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [ln for ln in proc.stderr.splitlines() if ":CONSOLE" in ln]
+    return proc.stdout, console
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
+def test_site_in_headless_chromium_draws_every_chart_without_console_errors(site, tmp_path):
+    out, _ = site
+    dom, console = open_in_chromium(out / "machine-cpu-test-2c.html", tmp_path)
+    assert console == []
+    assert dom.count('data-rendered="1"') == 4      # each series' chart was drawn by plotly
+    assert dom.count('class="main-svg"') >= 4
+    assert "slower 6." in dom or "slower 5." in dom  # the step's label on its chart
+    assert "4 of 4 series" in dom
+    dom, console = open_in_chromium(out / "lineage-demo.html", tmp_path)
+    assert console == [] and dom.count('data-rendered="1"') == 2
+    dom, console = open_in_chromium(out / "index.html", tmp_path)
+    assert console == [] and "cpu-amd-epyc-2c" in dom
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
+def test_the_browser_check_sees_a_script_error(site, tmp_path):
+    out, _ = site
+    broken = out / "broken.html"
+    page = (out / "machine-cpu-test-2c.html").read_text()
+    broken.write_text(page.replace("</body>", "<script>undefinedFunction();</script></body>"))
+    try:
+        _, console = open_in_chromium(broken, tmp_path)
+    finally:
+        broken.unlink()
+    assert any("undefinedFunction is not defined" in ln for ln in console)

@@ -51,6 +51,11 @@ class KbenchGroup(click.Group):
             return super().invoke(ctx)
         except KbenchError as exc:
             raise KbenchClickError(exc) from exc
+        except KeyboardInterrupt:
+            # Ctrl-C outside a run's own handling (planning, a second Ctrl-C while the result file is being
+            # finished): one line and the shell's convention 128 + SIGINT, not click's "Aborted!" and exit 1
+            click.echo("\nkbench: interrupted (Ctrl-C)", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=KbenchGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -31,3 +31,8 @@ class BadInput(KbenchError):
 
 class PluginError(BadInput):
     """A plugin failed to import or broke the registration contract (e.g. a duplicate name)."""
+
+
+class OutputError(BadInput):
+    """An output (result file, report, plot) cannot be written: the message says why in words, what was kept
+    and how to go on. Exit 2 like other bad input: the run's data is safe, the environment needs a fix."""

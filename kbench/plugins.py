@@ -153,10 +153,22 @@ class PluginManager:
         return self.pm.hook
 
     def environment(self) -> dict[str, Any]:
+        """What every plugin's ``kbench_environment`` adds; a hook that raises (or returns a non-dict) is
+        recorded under ``plugin_errors`` with the plugin's name, and the run goes on without its part."""
         env: dict[str, Any] = {}
-        for part in self.pm.hook.kbench_environment():
+        errors: dict[str, str] = {}
+        for impl in reversed(self.pm.hook.kbench_environment.get_hookimpls()):  # pluggy's call order
+            try:
+                part = impl.function()
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug must not end the run
+                errors[impl.plugin_name] = f"kbench_environment raised {type(exc).__name__}: {exc}"
+                continue
             if isinstance(part, dict):
                 env.update(part)
+            elif part is not None:
+                errors[impl.plugin_name] = f"kbench_environment returned {type(part).__name__}, not a dict"
+        if errors:
+            env["plugin_errors"] = errors
         return env
 
     def detect_hardware(self, device):

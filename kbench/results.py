@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -18,7 +16,9 @@ from typing import Any, Callable, Iterable
 
 import jsonschema
 
-from kbench.errors import BadInput
+from kbench.errors import BadInput, OutputError
+from kbench.outputs import atomic_write, hold_result_lock, output_error, release_result_lock
+from kbench.yamlsource import MAX_DEPTH
 
 RESULT_VERSION = 2
 FORMAT = "kbench-result"
@@ -88,10 +88,20 @@ def load_result(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"cannot read result file: {exc}", file=str(path), fix="check permissions") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON: {exc.msg}", file=str(path), where=f"line {exc.lineno}, column {exc.colno}",
                        fix="the file is damaged; re-run the suite") from None
+    except _NonFinite as exc:
+        raise BadInput(f"{exc.args[0]} is not a number JSON allows (kbench stores a missing number as null)",
+                       file=str(path), fix="the file was edited by hand or by another tool; re-run the suite") from None
+    except RecursionError:
+        raise BadInput("nested too deeply to be a result file", file=str(path),
+                       fix="give a file written by `kbench run`") from None
+    depth = _depth(data)
+    if depth > MAX_DEPTH:
+        raise BadInput(f"nested {depth} levels deep; a result file is at most {MAX_DEPTH}", file=str(path),
+                       fix="give a file written by `kbench run`")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput("not a kbench result file (no `format: kbench-result`)", file=str(path),
                        fix="give a file written by `kbench run`")
@@ -100,22 +110,30 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return data
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _depth(data: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        obj, d = stack.pop()
+        if isinstance(obj, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:  # beyond the limit the answer is already "too deep"
+                stack.extend((v, d + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return deepest
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Write to a temporary file beside ``path``, fsync, then rename over it: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, allow_nan=False, default=_json_default)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write to a temporary file beside ``path``, fsync, then rename over it: readers never see half a file.
+    The file gets the umask's permissions, like any file the user makes."""
+    atomic_write(Path(path), lambda fh: json.dump(data, fh, indent=1, allow_nan=False, default=_json_default))
 
 
 def _json_default(obj: Any) -> Any:
@@ -144,13 +162,21 @@ def sanitize(obj: Any) -> Any:
 
 
 class ResultWriter:
-    """A result file being written: every record is appended and the file rewritten atomically."""
+    """A result file being written: every record is appended and the file rewritten atomically.
+
+    The writer owns its file: it holds the file's lock (:func:`kbench.outputs.hold_result_lock`; the one
+    ``plan_run`` took, else a new one) until :meth:`finish`, so a second run on the same file is refused.
+    A failed write raises :class:`~kbench.errors.OutputError` saying what the file still holds.
+    """
 
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[dict[str, Any]] = ()) -> None:
         self.path = Path(path)
         self.data = {"format": FORMAT, "version": RESULT_VERSION, **header, "complete": False,
                      "records": list(records)}
         self.data.setdefault("created", now_iso())
+        #: records the file on disk holds (what a failed write leaves)
+        self.written: int | None = None
+        hold_result_lock(self.path)
         self.flush(full=True)
 
     def append(self, record: dict[str, Any]) -> None:
@@ -159,16 +185,35 @@ class ResultWriter:
         self.data["records"].append(record)
         self.flush()
 
-    def finish(self, *, interrupted: str | None = None) -> None:
+    def finish(self, *, interrupted: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        """Mark the file complete (or interrupted), merge ``extra`` into the header, write it, release the lock."""
         self.data["complete"] = interrupted is None
         self.data["interrupted"] = interrupted
-        self.flush(full=True)
+        self.data.update(extra or {})
+        try:
+            self.flush(full=True)
+        finally:
+            release_result_lock(self.path)
 
     def flush(self, *, full: bool = False) -> None:
         self.data["updated"] = now_iso()
         if full:
             validate(self.data, file=str(self.path))
-        atomic_write_json(self.path, self.data)
+        try:
+            atomic_write_json(self.path, self.data)
+        except OSError as exc:
+            raise self._write_error(exc) from None
+        self.written = len(self.data["records"])
+
+    def _write_error(self, exc: OSError) -> OutputError:
+        if self.written is None and not self.path.exists():
+            kept = "nothing was measured yet and nothing was written"
+            return output_error(self.path, exc, what="cannot write the result file",
+                                kept=kept + "; fix it and run again")
+        held = "the records" if self.written is None else f"the {self.written} records written before"
+        kept = (f"the file still holds {held} this failure (valid, marked incomplete); "
+                f"once fixed, finish the run with: kbench run --resume {self.path}")
+        return output_error(self.path, exc, what="cannot write the result file", kept=kept)
 
     @property
     def records(self) -> list[dict[str, Any]]:

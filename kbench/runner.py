@@ -20,14 +20,14 @@ from typing import Any, Callable, Iterable, Protocol
 from kbench import __version__
 from kbench.backends import Backend
 from kbench.enums import Status
-from kbench.errors import BadInput
+from kbench.errors import BadInput, OutputError
 from kbench.execute import ExecContext, base_record
 from kbench.integrity import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
 from kbench.results import ResultWriter, load_result
 from kbench.selection import Keyword
-from kbench.suite import DevicePlan, Suite, suite_from_data
+from kbench.suite import MAX_CASES, DevicePlan, Suite, suite_from_data
 
 
 class Executor(Protocol):
@@ -63,6 +63,8 @@ def git_commit(cwd: Path | None = None) -> str | None:
 
 
 def environment(pm: PluginManager) -> dict[str, Any]:
+    """kbench, Python and plugin versions, git commit, and what the plugins' ``kbench_environment`` hooks add
+    (a hook that raises is recorded under ``plugin_errors`` and the run goes on)."""
     env: dict[str, Any] = {"kbench": __version__, "python": platform.python_version(),
                            "executable": sys.executable, "git_commit": git_commit()}
     plugins = {}
@@ -78,8 +80,11 @@ def environment(pm: PluginManager) -> dict[str, Any]:
 
 
 def default_output(machine: str, suite: Suite) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / machine / f"{suite.name}-{stamp}.json"
+    """``results/<machine>/<suite>-<date>-<time>-<ms>-<random>.json``: never the name of another run's file."""
+    from kbench.outputs import unique_result_path
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+    return unique_result_path(Path("results") / machine, suite.name, stamp)
 
 
 @dataclass
@@ -100,6 +105,14 @@ class RunRequest:
     trust_kernel_files: bool = False
     #: untrusted backends run without the OS sandbox where it does not work here (else they are error records)
     allow_unsandboxed: bool = False
+    #: grids larger than this are refused before they are expanded (None: no limit)
+    max_cases: int | None = MAX_CASES
+    #: overwrite an existing ``output`` (else refused)
+    force: bool = False
+    #: the header of the result file being resumed (machine, environment, created... are kept from it)
+    resumed_from: dict[str, Any] | None = None
+    #: resume a file made on another machine or environment (recorded in the file's ``resumes``)
+    allow_different_machine: bool = False
 
 
 @dataclass
@@ -120,11 +133,21 @@ class PlannedRun:
 
 
 def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
+    """Everything decided before the first measurement; bad input and unwritable outputs are refused here.
+
+    Also removes the scratch directories of killed runs (:mod:`kbench.scratch`) and takes the result
+    file's lock (:mod:`kbench.outputs`), which the run's ResultWriter keeps."""
+    from kbench.scratch import remove_stale_worker_dirs
+
+    remove_stale_worker_dirs()
     reg = pm.registry
-    op = reg.op(req.suite.op)
+    try:
+        op = reg.op(req.suite.op)
+    except BadInput as exc:
+        raise BadInput(exc.message, file=req.suite.path, where=req.suite.where(("op",)), fix=exc.fix) from None
     device_name = pick_device(pm, req.device)
     device = reg.device(device_name)
-    plan = req.suite.plan(device_name, op)
+    plan = req.suite.plan(device_name, op, max_cases=req.max_cases)
     patterns = req.backend_patterns or plan.backends
     # -b replaces the suite's selection: kernel files alone mean "just these kernels"
     backends = [] if req.kernel_files and not req.backend_patterns else reg.select_backends(op.name, patterns)
@@ -146,9 +169,17 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
         raise BadInput(f"no backend of op {op.name!r} matches {patterns}", where="-b / suite backends",
                        fix=f"known backends: {', '.join(known)}; or give a kernel file path")
     keyword = Keyword(req.keyword)
+    if req.keyword and not any(keyword.matches(b.name, c.id) for c in plan.cases for b in backends):
+        raise BadInput(f"{req.keyword!r} matches none of the {len(plan.cases) * len(backends)} "
+                       f"(case, backend) pairs", where="-k",
+                       fix=f"a case id looks like {plan.cases[0].id} and a backend like {backends[0].name}; "
+                           "words match parts of either (see docs/suites.md)")
     ctx = ExecContext(op=op, device=device, check=plan.check, timing=plan.timing,
                       hardware=pm.detect_hardware(device), integrity=integrity_settings(req.suite))
     output = Path(req.output) if req.output else default_output(device.machine_id(), req.suite)
+    from kbench.outputs import claim_result_file
+
+    claim_result_file(output, force=req.force, resuming=req.resumed_from is not None)
     return PlannedRun(req, plan, backends, ctx, keyword, output, req.case_timeout or plan.case_timeout)
 
 
@@ -161,9 +192,17 @@ def integrity_settings(suite: Suite) -> IntegritySettings:
 
 
 def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
+    """The result file's header; a resumed run keeps the original's (machine, environment, created...) and
+    adds an entry to its ``resumes`` list instead."""
     device = planned.ctx.device
     hw = planned.ctx.hardware
     req = planned.request
+    if req.resumed_from is not None:
+        original = {k: v for k, v in req.resumed_from.items() if k not in ("records", "complete", "interrupted")}
+        env_changes = environment_changes(original.get("environment") or {}, environment(pm))
+        entry = {"time": _now(), "machine": device.machine_id(), "hostname": platform.node(),
+                 "allowed_different_machine": req.allow_different_machine, "environment_changes": env_changes}
+        return {**original, "resumes": [*original.get("resumes", []), entry]}
     return {
         "id": planned.output.stem,
         "machine": {"id": device.machine_id(), "hostname": platform.node(), **device.describe()},
@@ -174,7 +213,7 @@ def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
         "selection": {"backends": [b.name for b in planned.backends], "keyword": req.keyword,
                       "kernel_files": list(req.kernel_files), "kernel_settings": dict(req.kernel_settings),
                       "isolate": req.isolate, "case_timeout": req.case_timeout,
-                      "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed},
+                      "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed, "max_cases": req.max_cases},
     }
 
 
@@ -242,6 +281,8 @@ def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case
     """Append a record; one a plugin made invalid becomes an error record instead of ending the run."""
     try:
         writer.append(record)
+    except OutputError:
+        raise  # the file cannot be written: the run stops with the message, not an error record
     except BadInput as exc:
         fallback = base_record(backend.name, case, planned.ctx.device.name)
         fallback.update(status=Status.ERROR.value, reason=f"the backend produced an invalid record: {exc.message}")
@@ -252,11 +293,55 @@ def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case
         writer.append(fallback)
 
 
-def resume_request(pm: PluginManager, path: str | Path) -> tuple[RunRequest, list[dict[str, Any]]]:
-    """The request that made the result file ``path`` (same suite, device and selection) and its records."""
+#: environment entries that must match for a resume (besides every plugin's version)
+COMPARED_ENVIRONMENT = ("kbench", "python")
+
+
+def _now() -> str:
+    from kbench.results import now_iso
+
+    return now_iso()
+
+
+def environment_changes(was: dict[str, Any], now: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"python": {"was": "3.11.2", "now": "3.12.1"}, "plugins.kbench-torch": {...}}``: what differs."""
+    changes: dict[str, dict[str, Any]] = {}
+    for key in sorted(set(was) | set(now)):
+        if key == "plugins":
+            a, b = was.get(key) or {}, now.get(key) or {}
+            if isinstance(a, dict) and isinstance(b, dict):
+                for name in sorted(set(a) | set(b)):
+                    if a.get(name) != b.get(name):
+                        changes[f"plugins.{name}"] = {"was": a.get(name), "now": b.get(name)}
+                continue
+        if isinstance(was.get(key), (str, int, float, bool, type(None))) and was.get(key) != now.get(key):
+            changes[key] = {"was": was.get(key), "now": now.get(key)}
+    return changes
+
+
+def resume_request(pm: PluginManager, path: str | Path, *,
+                   allow_different_machine: bool = False) -> tuple[RunRequest, list[dict[str, Any]]]:
+    """The request that made the result file ``path`` (same suite, device and selection) and its records.
+
+    Refused when the file was made on another machine or with other kbench, Python or plugin versions,
+    unless ``allow_different_machine`` (then recorded in the file's ``resumes``)."""
     from kbench.workers import KernelFileRef
 
-    data = load_result(path)
+    data = load_result(path)  # validated to the leaves before anything is rewritten
+    device_name = data.get("device", "auto")
+    here = pm.registry.device(device_name).machine_id() if device_name in pm.registry.devices else None
+    if not allow_different_machine:
+        why = []
+        if here != data["machine"]["id"]:
+            why.append(f"it was made on {data['machine']['id']!r}, this is {here or 'a machine without ' + device_name!r}")
+        changes = environment_changes(data["environment"], environment(pm))
+        why += [f"{k}: {c['was']} -> {c['now']}" for k, c in changes.items() if k in COMPARED_ENVIRONMENT
+                or k.startswith("plugins.")]
+        if why:
+            raise BadInput("refusing to resume a run from another machine or environment: " + "; ".join(why),
+                           file=str(path), where="--resume",
+                           fix="resume it where it was made, start a new run, or add --allow-different-machine "
+                               "(recorded in the file)")
     suite_info = data["suite"]
     suite = suite_from_data(suite_info["data"], path=suite_info.get("path"))
     sel = data.get("selection") or {}
@@ -268,7 +353,10 @@ def resume_request(pm: PluginManager, path: str | Path) -> tuple[RunRequest, lis
                      kernel_files=kernel_files, keyword=sel.get("keyword"), output=Path(path),
                      isolate=sel.get("isolate", True), case_timeout=sel.get("case_timeout"),
                      kernel_settings=settings, trust_kernel_files=bool(sel.get("trust_kernel_files", False)),
-                     allow_unsandboxed=bool(sel.get("allow_unsandboxed", False)))
+                     allow_unsandboxed=bool(sel.get("allow_unsandboxed", False)),
+                     max_cases=sel.get("max_cases", MAX_CASES),
+                     resumed_from={k: v for k, v in data.items() if k != "records"},
+                     allow_different_machine=allow_different_machine)
     return req, list(data["records"])
 
 

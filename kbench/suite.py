@@ -15,9 +15,13 @@ from kbench.errors import BadInput
 from kbench.ops import Case, CaseError, Op
 from kbench.selection import BackendPattern, backend_entries
 from kbench.timing import TimingSettings
-from kbench.yamlsource import describe_path, load_yaml
+from kbench.yamlsource import describe_path, find_non_finite, load_yaml
 
 SUITE_VERSION = 1
+#: default of ``kbench run --max-cases``: a grid larger than this is refused before it is expanded
+MAX_CASES = 100_000
+#: largest value of one grid parameter: no dimension of a kernel reaches 2^31 (index arithmetic is 32-bit)
+MAX_PARAMETER = 2**31 - 1
 
 
 @lru_cache(maxsize=None)
@@ -66,8 +70,11 @@ class Suite:
     def devices(self) -> list[str]:
         return sorted(self.data.get("devices", {}))
 
-    def plan(self, device: str, op: Op) -> DevicePlan:
-        """Resolve settings and expand the grid for ``device`` (its own grid, else the top-level one)."""
+    def plan(self, device: str, op: Op, *, max_cases: int | None = MAX_CASES) -> DevicePlan:
+        """Resolve settings and expand the grid for ``device`` (its own grid, else the top-level one).
+
+        The grid's size is computed from its axis lengths first: one over ``max_cases`` is refused
+        before a single case is built (a million-case grid would otherwise take minutes and gigabytes)."""
         per = self.data.get("devices", {}).get(device, {})
         if "grid" in per:
             grid, where = per["grid"], ("devices", device, "grid")
@@ -79,6 +86,12 @@ class Suite:
                                f"or pick one of: {', '.join(self.devices())}")
         timing_data = {**self.data.get("timing", {}), **per.get("timing", {})}
         check = CheckSettings.from_mapping(per.get("check"), CheckSettings.from_mapping(self.data.get("check")))
+        count = count_cases(grid)
+        if max_cases is not None and count > max_cases:
+            raise BadInput(f"the grid expands to {count:,} cases, more than the limit of {max_cases:,}",
+                           file=self.path, where=self.where(where),
+                           fix="shrink the grid (tie axes with a key like 'batch,seqlen' instead of crossing them), "
+                               "or raise the limit with --max-cases")
         return DevicePlan(device=device, cases=expand_grid(grid, op, self, where),
                           backends=backend_entries(per.get("backends", self.data.get("backends", ["*"])),
                                                    file=self.path, where=self.where,
@@ -101,6 +114,10 @@ def suite_from_data(data: Any, *, path: str | None = None, lines: dict | None = 
     if not isinstance(data, dict):
         raise BadInput("a suite must be a YAML mapping with at least `name` and `grid`", file=path,
                        fix="see docs/suites.md for the format")
+    bad = find_non_finite(data)
+    if bad is not None:
+        raise BadInput("not a finite number (NaN or infinity)", file=path, where=describe_path(bad, lines),
+                       fix="give a finite number")
     version = data.get("version", SUITE_VERSION)
     if isinstance(version, int) and version > SUITE_VERSION:
         raise BadInput(f"suite format version {version} is newer than this kbench reads ({SUITE_VERSION})",
@@ -135,6 +152,17 @@ def _schema_fix(error: jsonschema.ValidationError) -> str:
     return f"expected: {desc}" if desc else "see docs/suites.md for the format"
 
 
+def count_cases(grid: list[Mapping[str, Any]]) -> int:
+    """How many combinations ``grid`` expands to (before duplicates are merged), without expanding it."""
+    total = 0
+    for entry in grid:
+        n = 1
+        for value in entry.values():
+            n *= len(value) if isinstance(value, list) else 1
+        total += n
+    return total
+
+
 def expand_grid(grid: list[Mapping[str, Any]], op: Op, suite: Suite | None = None,
                 where: tuple = ("grid",)) -> list[Case]:
     """Cases of a grid: each entry is a cartesian product of its axes; tied keys ('a,b') move together."""
@@ -162,6 +190,12 @@ def expand_grid(grid: list[Mapping[str, Any]], op: Op, suite: Suite | None = Non
                         raise BadInput(f"{key!r} is not a tied key but has a list value {v!r}", file=path,
                                        where=place(i, key, j), fix="tie parameters with a key like 'batch,seqlen'")
                 axes.append([{key: v} for v in values])
+            for j, v in enumerate(value if isinstance(value, list) else [value]):
+                for x in (v if isinstance(v, list) else [v]):
+                    if isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) > MAX_PARAMETER:
+                        raise BadInput(f"{key!r} = {x!r} is beyond any kernel's dimensions (at most {MAX_PARAMETER:,})",
+                                       file=path, where=place(i, key, j) if isinstance(value, list) else place(i, key),
+                                       fix="give a realistic size (a sequence of a million tokens is 1000000)")
         for combo in itertools.product(*axes):
             raw: dict[str, Any] = {}
             for part in combo:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kbench.suite import load_suite
+from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
 
 
@@ -32,6 +32,11 @@ def _is_kernel_file(pattern: str) -> bool:
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
+@click.option("--max-cases", type=click.IntRange(min=1), default=MAX_CASES, show_default=True,
+              help="Refuse a grid of more cases than this before expanding it.")
+@click.option("--force", is_flag=True, help="Overwrite the -o file if it exists (otherwise refused).")
+@click.option("--allow-different-machine", is_flag=True,
+              help="With --resume: finish a file made on another machine or environment (recorded in the file).")
 @click.option("--allow-unsandboxed", is_flag=True,
               help="Where the OS sandbox does not work (no user namespaces: gVisor, some containers), run untrusted "
                    "backends without it (weaker isolation; recorded in the result file). See docs/sandbox.md.")
@@ -41,22 +46,24 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
                 allow_unsandboxed,
-                progress, fmt):
+                max_cases, force, allow_different_machine, progress, fmt):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
-    Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input,
-    130 when interrupted (Ctrl-C) and 143 when terminated (SIGTERM); an interrupted run is finished
-    with `kbench run --resume RESULT`.
+    Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
+    (including -k matching nothing, an existing -o file without --force, a result file another run is
+    writing, or a result file that cannot be written: the message says what it still holds), 130 when
+    interrupted (Ctrl-C) and 143 when terminated (SIGTERM); an interrupted run is finished with
+    `kbench run --resume RESULT`.
     """
     from kbench.errors import BadInput
     from kbench.runner import RunInterrupted, RunRequest, exit_code, plan_run, resume_request, run_suite
 
     existing = []
     if resume is not None:
-        if suite is not None or backends or keyword or output:
+        if suite is not None or backends or keyword or output or force:
             raise BadInput("--resume takes the suite, selection and output from the result file", where="--resume",
                            fix="give only --resume RESULT (plus --case-timeout or --no-isolate if wanted)")
-        req, existing = resume_request(pm, resume)
+        req, existing = resume_request(pm, resume, allow_different_machine=allow_different_machine)
         req.isolate = req.isolate and isolate
         req.case_timeout = case_timeout or req.case_timeout
         req.allow_unsandboxed = req.allow_unsandboxed or allow_unsandboxed
@@ -67,7 +74,8 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                          backend_patterns=[b for b in backends if not _is_kernel_file(b)],
                          kernel_files=[b for b in backends if _is_kernel_file(b)], keyword=keyword, output=output,
                          isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files,
-                         allow_unsandboxed=allow_unsandboxed)
+                         allow_unsandboxed=allow_unsandboxed,
+                         max_cases=max_cases, force=force)
     planned = plan_run(pm, req)
     work = planned.work()
     done = {(r["case_id"], r["backend"]) for r in existing}

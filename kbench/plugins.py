@@ -253,6 +253,26 @@ def plugin_report(pm: PluginManager) -> dict[str, Any]:
             "misplaced": [vars(ep) for ep in misplaced_entry_points()], "disabled": sorted(pm.disabled)}
 
 
+def format_plugin_report(report: dict[str, Any], fmt: str = "table") -> str:
+    """:func:`plugin_report` as ``kbench list --plugins`` prints it (``fmt``: table, markdown or json)."""
+    if fmt == "json":
+        import json
+
+        return json.dumps(report, indent=1)
+    from kbench.tables import render
+
+    rows = [(p["name"], p["module"], p["source"], ", ".join(p["hooks"]) or "(none)",
+             "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["registered"].items()))
+            for p in report["plugins"]]
+    lines = [render(("plugin", "module", "found in", "hooks", "registered"), rows, fmt)]
+    for ep in report["misplaced"]:
+        lines.append(f"NOT LOADED: entry point {ep['name']} = {ep['value']} ({ep['where']}) is in group "
+                     f"{ep['group']!r}; kbench reads group {report['group']!r}")
+    if report["disabled"]:
+        lines.append(f"disabled by KBENCH_DISABLE_PLUGINS: {', '.join(report['disabled'])}")
+    return "\n".join(lines)
+
+
 _cached: dict[tuple, PluginManager] = {}
 
 

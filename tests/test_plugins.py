@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 import textwrap
 
@@ -10,7 +11,8 @@ import pytest
 import kbench
 from kbench import hookspecs
 from kbench.errors import PluginError
-from kbench.plugins import DEFAULT_PLUGINS, PluginManager, PluginWarning, looks_like_kbench_group, plugin_report
+from kbench.plugins import (DEFAULT_PLUGINS, PluginManager, PluginWarning, format_plugin_report, looks_like_kbench_group,
+                            plugin_report)
 from kbench.registry import RegistrationWarning
 
 
@@ -216,6 +218,12 @@ def test_entry_point_in_a_mistyped_group_is_reported(on_path):
     numpy = next(p for p in report["plugins"] if p["name"] == "kbench.builtin.numpy_backends")
     assert numpy["source"] == "default" and numpy["hooks"] == ["kbench_register_backends"]
     assert numpy["registered"] == {"backend": ["numpy", "numpy-flash"]}
+    text = format_plugin_report(report)  # what `kbench list --plugins` prints
+    assert ("NOT LOADED: entry point mine = kbtest_group (distribution kbtest-group-dist 1.0) is in group "
+            "'kbench.plugins'; kbench reads group 'kbench'") in text
+    row = next(line for line in text.splitlines() if line.startswith("kbench.builtin.numpy_backends"))
+    assert "default" in row and "backend: numpy, numpy-flash" in row
+    assert json.loads(format_plugin_report(report, "json")) == report
 
 
 @pytest.mark.parametrize("group, typo", [("kbench.plugins", True), ("kbench-plugins", True), ("Kbench", True),

@@ -5,6 +5,11 @@ out of the timing); the timed call executes it on kbench's arrays directly: Q, K
 torch views (b, h, s, d) of the (b, s, h, d) buffers, so cuDNN writes the poisoned ``out`` itself.
 The causal mask is cuDNN's bottom-right one, kbench's convention; cuDNN refuses it when
 seqlen_q > seqlen_kv, and so does ``supports()``. GQA: K and V with heads_kv heads (cuDNN >= 8.9.7).
+
+Any other refusal comes from cuDNN itself while the graph is built: ``cudnnGraphNotSupportedError`` at
+any step, or an exception from ``check_support()``/``build_plans()`` (no engine for this graph on this
+GPU and cuDNN). ``prepare`` raises it as :class:`kbench.unsupported.Unsupported` with cuDNN's message,
+so the record is a skip that says why; out-of-memory and other failures stay errors.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from kbench.backends import Backend
 from kbench.enums import DType
 from kbench.ops import Case
 from kbench.ops.attention import softmax_scale
+from kbench.unsupported import Unsupported
 from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_device, torch_info
 from kbench_torch.interop import as_torch, torch_dtype
 
@@ -42,6 +48,34 @@ def _sdpa(graph, q, k, v, *, scale: float, causal: bool):
         return graph.sdpa(name="sdpa", q=q, k=k, v=v, attn_scale=scale, generate_stats=False, **mask)
     except TypeError:
         return graph.sdpa(name="sdpa", q=q, k=k, v=v, attn_scale=scale, is_inference=True, **mask)
+
+
+def plan(graph, cudnn) -> None:
+    """Validate, lower, plan and build ``graph``; cuDNN's refusals become :class:`Unsupported` (module doc)."""
+    try:
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    except _refusal_types(cudnn) as exc:
+        raise Unsupported("cuDNN", f"{type(exc).__name__}: {exc}") from exc
+    try:
+        graph.check_support()  # the support decisions: any failure here is cuDNN declining the graph
+        graph.build_plans()
+    except Exception as exc:  # noqa: BLE001 - out-of-memory is not a refusal: it stays an error
+        if _is_out_of_memory(exc):
+            raise
+        raise Unsupported("cuDNN", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _refusal_types(cudnn) -> tuple[type[BaseException], ...]:
+    """cuDNN's 'graph not supported' exception (frontend >= 1.0), when this frontend has it."""
+    found = getattr(cudnn, "cudnnGraphNotSupportedError", None)
+    return (found,) if isinstance(found, type) and issubclass(found, BaseException) else ()
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "out_of_memory" in text or "alloc" in text
 
 
 class CudnnFrontendSDPA(Backend):
@@ -100,11 +134,7 @@ class CudnnFrontendSDPA(Backend):
         q, k, v = graph.tensor_like(tq), graph.tensor_like(tk), graph.tensor_like(tk)
         o, _stats = _sdpa(graph, q, k, v, scale=softmax_scale(case), causal=case["causal"])
         o.set_output(True).set_dim(list(tq.shape)).set_stride(list(tq.stride()))
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans()
+        plan(graph, cudnn)
         workspace = torch.empty(max(1, graph.get_workspace_size()), device=dev, dtype=torch.uint8)
         return graph, handle, (q, k, v, o), workspace
 

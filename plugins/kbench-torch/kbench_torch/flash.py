@@ -4,6 +4,11 @@
 Both take kbench's layout (batch, seqlen, heads, head_dim) directly, GQA natively (heads_q a
 multiple of heads_kv) and align the causal mask bottom-right (FlashAttention >= 2.1), exactly
 kbench's convention, so no adaptation happens inside the timed call.
+
+The libraries check a call's shapes, types and GPU themselves (head sizes a build was not compiled
+for, GQA ratios, architectures) and raise. ``prepare`` makes one call on small zero tensors with the
+case's head counts, head_dim, dtype and masking: a refusal there becomes
+:class:`kbench.unsupported.Unsupported` with the library's message (a skip), before any checked call.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from kbench.backends import Backend
 from kbench.enums import DType
 from kbench.ops import Case
 from kbench.ops.attention import softmax_scale
+from kbench.unsupported import Unsupported
 from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_info
 from kbench_torch.interop import as_torch, to_device_array
 
@@ -71,6 +77,7 @@ class FlashAttention(Backend):
 
         fn = self._import().flash_attn_func
         causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
+        self._probe(fn, case)
 
         def run(q, k, v, out):
             o = fn(as_torch(q, dtype), as_torch(k, dtype), as_torch(v, dtype), softmax_scale=scale, causal=causal)
@@ -78,6 +85,27 @@ class FlashAttention(Backend):
                 o = o[0]
             return to_device_array(o)
         return oom_as_memory_error(run)
+
+    def _probe(self, fn, case: Case) -> None:
+        """One call on small zero tensors of the case's configuration: the library's refusal, if any."""
+        import torch
+        from kbench_torch.common import torch_device
+        from kbench_torch.interop import torch_dtype
+
+        p = case.params
+        rows_q, rows_kv = min(p["seqlen_q"], 128), min(p["seqlen_kv"], 128)
+        if p["seqlen_q"] > p["seqlen_kv"]:  # keep the relation the mask depends on
+            rows_q = max(rows_q, rows_kv + 1)
+        kw = dict(device=torch_device(), dtype=torch_dtype(case.dtype))
+        q = torch.zeros(1, rows_q, p["heads_q"], p["head_dim"], **kw)
+        k = torch.zeros(1, rows_kv, p["heads_kv"], p["head_dim"], **kw)
+        try:
+            fn(q, k, torch.zeros_like(k), softmax_scale=softmax_scale(case), causal=p["causal"])
+            torch.cuda.synchronize()
+        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+            if "out of memory" in str(exc).lower():
+                raise
+            raise Unsupported(self.title, f"{type(exc).__name__}: {exc}") from exc
 
     def info(self) -> dict[str, Any]:
         mod = self._import()

@@ -224,7 +224,8 @@ def test_measured_decode_rate_replaces_the_kv_read_roof():
     dm = toy_planner(measured=rates).devices["toy-gpu"]
     r = dm.kv_read_rate(1050)
     assert r.origin == "measured" and r.value == pytest.approx(250e9)       # the seqlen_q=4 record is not decode
-    assert dm.decode_step(7, 1050, 1).seconds == pytest.approx(2 * TOY_TOTAL / 1e12 + 7 * 1050 * TOY_KV_PER_TOKEN / 250e9)
+    expected = 2 * TOY_TOTAL / 1e12 + 7 * 1050 * TOY_KV_PER_TOKEN / 250e9
+    assert dm.decode_step(7, 1050, 1).seconds == pytest.approx(expected)
 
 
 def test_rates_of_other_hardware_do_not_apply():

@@ -30,7 +30,8 @@ RANK_BY = ("dollar", "device", "joule")
 @click.option("--slo", "slo", metavar="ttft=T,tpot=T", help="Override the workload's SLOs, e.g. ttft=2s,tpot=50ms.")
 @click.option("--attainment", type=click.FloatRange(0.01, 1.0), help="Fraction of requests that must meet the SLO "
               "(default: the workload's, usually 0.9).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Requests per second (default: the workload's).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Requests per second (default: the workload's).")
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
               help="Result files of `kbench run`: measured attention and decode rates replace roofline figures "
                    "on the hardware they were measured on. Repeatable.")
@@ -143,7 +144,8 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
         reasons = sorted({p.reason for p in plans if p.reason})
         raise BadInput(f"workload {workload.name!r} does not fit any plan of {model.name}: " + "; ".join(reasons[:4]),
                        where="--workload",
-                       fix="add hardware with more memory, a larger --tp, --kv fp8, or a workload with shorter requests")
+                       fix="add hardware with more memory, a larger --tp, --kv fp8, or a workload with shorter "
+                           "requests")
     ranked = best_per_choice(plans, rank_by)
     meeting = [p for p in ranked if p.meets]
     shown = (meeting or ranked)[: top or None]

@@ -380,10 +380,12 @@ class Planner:
         pdm, ddm = self.devices[phw.name], self.devices[dhw.name]
         plan = Plan("disaggregated", phw.name, dhw.name, ptp, dtp, link.name)
         if pdm.kv_room(ptp) < self.longest_prompt * pdm.kv_per_token:
-            plan.reason = f"prefill: the weights and a {self.longest_prompt:,}-token prompt do not fit {ptp} x {phw.name}"
+            plan.reason = (f"prefill: the weights and a {self.longest_prompt:,}-token prompt do not fit "
+                           f"{ptp} x {phw.name}")
             return plan
         if ddm.kv_room(dtp) < self.largest_request * ddm.kv_per_token:
-            plan.reason = f"decode: the weights and a {self.largest_request:,}-token request do not fit {dtp} x {dhw.name}"
+            plan.reason = (f"decode: the weights and a {self.largest_request:,}-token request do not fit "
+                           f"{dtp} x {dhw.name}")
             return plan
         pre = self.prefill_times(phw.name, ptp)
         bw = min(ptp, dtp) * link.bandwidth * self.assume.link_efficiency

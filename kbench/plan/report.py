@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from kbench.plan.model import Assumptions, DeviceModel, Plan, Planner, best_per_choice
+from kbench.plan.model import Assumptions, Plan, Planner, best_per_choice
 
 TABLE_HEADERS = ("#", "plan", "pools (instances x devices)", "P:D devices", "goodput req/s/dev", "req/$",
                  "req/MJ", "$/Mtok", "kWh/Mtok", "TTFT", "TPOT", "batch", "wall prefill | decode", "SLO met",
@@ -124,7 +124,8 @@ def input_rows(planner: Planner) -> list[list[str]]:
     return rows
 
 
-def sensitivity(planner_for: Any, base: Assumptions, by: str, factors: Iterable[float] = (0.75, 1.25)) -> list[str]:
+def sensitivity(planner_for: Callable[[Assumptions], Planner], base: Assumptions, by: str,
+                factors: Iterable[float] = (0.75, 1.25)) -> list[str]:
     """How much the assumed efficiencies move the answer: the top plan and its figure with every assumed
     efficiency (matmul, bandwidth, link) scaled, measured and calibrated rates unchanged."""
     lines = []
@@ -204,5 +205,5 @@ def plot_pareto(plans: Sequence[Plan], path: str, *, title: str) -> str:
     return path
 
 
-__all__ = ["PHASE_HEADERS", "TABLE_HEADERS", "DeviceModel", "input_rows", "phase_rows", "pareto", "plan_json", "plot_pareto", "sensitivity",
-           "table_rows"]
+__all__ = ["PHASE_HEADERS", "TABLE_HEADERS", "input_rows", "pareto", "phase_rows", "plan_json", "plot_pareto",
+           "sensitivity", "table_rows"]

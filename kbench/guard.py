@@ -70,8 +70,10 @@ WRITES: frozenset[str] = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mk
                                     "os.setxattr", "os.removexattr"})
 
 #: files whose frames are machinery between the candidate and an event, not its originator
-_PASS_THROUGH = ("<frozen importlib", os.sep + "importlib" + os.sep, os.sep + "ctypes" + os.sep,
-                 os.sep + "inspect.py", os.sep + "traceback.py", os.sep + "functools.py", os.sep + "operator.py")
+_PASS_THROUGH = (os.sep + "ctypes" + os.sep, os.sep + "inspect.py", os.sep + "functools.py", os.sep + "operator.py")
+#: the import system: an event raised under it belongs to the module being loaded (compile, exec of
+#: its code, its own introspection), never to the candidate that asked for the import
+_IMPORT_SYSTEM = ("<frozen importlib", os.sep + "importlib" + os.sep)
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -163,9 +165,9 @@ class Guard:
         if any(fnmatch.fnmatchcase(name, p) for p in FORBIDDEN_MODULES):
             return f"audit: refused import {name} (a forbidden module)"
         if (name == "kbench" or name.startswith("kbench.")) and name not in self.loaded_kbench:
-            return self._if_candidate(f"import {name} (kbench internals)")
+            return self._if_candidate(f"import {name} (kbench internals)", through_imports=True)
         if any(fnmatch.fnmatchcase(name, p) for p in CANDIDATE_FORBIDDEN_MODULES):
-            return self._if_candidate(f"import {name}")
+            return self._if_candidate(f"import {name}", through_imports=True)
         if isinstance(filename, str) and not filename.endswith(".py") and self._loads_from_writable(filename):
             return f"audit: refused import {name} from {filename} (a compiled module from a writable place)"
         return None
@@ -198,24 +200,32 @@ class Guard:
             return True
         return bool(self.system_roots) and not any(_under(real, r) for r in self.system_roots)
 
-    def _if_candidate(self, what: str, *, target: Any = None) -> str | None:
-        """Refused when candidate code raised the event (and, with ``target``, it concerns kbench's own objects)."""
+    def _if_candidate(self, what: str, *, target: Any = None, through_imports: bool = False) -> str | None:
+        """Refused when candidate code raised the event (and, with ``target``, it concerns kbench's own objects).
+
+        ``through_imports``: the event is an import request itself, so the import system's frames are
+        passed through to the code that asked for it.
+        """
         if target is not None:
             module = getattr(target, "__module__", None)
             if not isinstance(module, str) or not (module == "kbench" or module.startswith("kbench.")):
                 return None  # the kernel's own functions and classes, NumPy's, Triton's: fine
-        origin = self._originator()
+        origin = self._originator(through_imports)
         if origin is None or not _under(origin, self.scratch):
             return None
         return f"audit: refused {what}"
 
-    def _originator(self) -> str | None:
-        """The file of the nearest frame that is not import, ctypes or inspect machinery (or this module)."""
+    def _originator(self, through_imports: bool = False) -> str | None:
+        """The file of the nearest frame that is not ctypes or inspect machinery (or this module); None
+        when the import system comes first (a module being loaded did it), unless ``through_imports``."""
         frame = sys._getframe()
         here = __file__
         while frame is not None:
             name = frame.f_code.co_filename
-            if name != here and not any(p in name for p in _PASS_THROUGH):
+            if any(p in name for p in _IMPORT_SYSTEM):
+                if not through_imports:
+                    return None
+            elif name != here and not any(p in name for p in _PASS_THROUGH):
                 return os.path.realpath(name) if name.startswith(os.sep) else name
             frame = frame.f_back
         return None
@@ -234,9 +244,28 @@ class Guard:
         return record
 
 
+class _ImportGate:
+    """A meta path finder asking the guard about every module not yet loaded.
+
+    ``importlib.import_module`` raises no ``import`` audit event (only the ``import`` statement and
+    ``__import__`` do), so the same rules are applied here, first in ``sys.meta_path``.
+    """
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+
+    def find_spec(self, name, path=None, target=None):
+        why = self._guard._import((name,))
+        if why is not None:
+            self._guard.refusals.append(why)
+            raise AuditRefused(why)
+        return None  # not ours to find: the next finder loads it
+
+
 def install(scratch: str, *, system_roots: Iterable[str] = ()) -> Guard:
     """Add the audit hook for this process (for good: audit hooks cannot be removed) and return its state."""
     guard = Guard(scratch, system_roots=system_roots)
+    sys.meta_path.insert(0, _ImportGate(guard))
     sys.addaudithook(guard)
     return guard
 

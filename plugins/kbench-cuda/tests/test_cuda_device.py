@@ -152,9 +152,9 @@ def test_cuda_graph_setting_from_the_environment_and_the_suite(monkeypatch, valu
 
     monkeypatch.setenv("KBENCH_CUDA_GRAPH", value)
     dev = CudaDevice()
-    assert dev._cuda_graph is enabled
-    dev.set_cuda_graph(not enabled)
-    assert dev._cuda_graph is (not enabled)
+    assert dev.cuda_graph is enabled
+    dev.set_cuda_graph(not enabled)  # the suite's setting wins over the environment
+    assert dev.cuda_graph is (not enabled)
 
 
 def test_graph_log_counts_per_case_and_keeps_the_first_reason():

@@ -76,8 +76,8 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                                     parse_prices, parse_slo, with_price)
     from kbench.plan.measured import MeasuredRates, load_rates
     from kbench.plan.model import Assumptions, Planner, best_per_choice
-    from kbench.plan.report import (PHASE_HEADERS, TABLE_HEADERS, input_rows, phase_rows, plan_json, plot_pareto,
-                                    sensitivity, table_rows)
+    from kbench.plan.report import (PHASE_HEADERS, input_rows, phase_rows, plan_json, plot_pareto, sensitivity,
+                                    table_headers, table_rows)
     from kbench.roofline import builtin_models, check_dtype, load_models, pick, split_names
 
     known_models = {m.name: m for m in builtin_models()}
@@ -146,6 +146,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                        where="--workload",
                        fix="add hardware with more memory, a larger --tp, --kv fp8, or a workload with shorter "
                            "requests")
+    shares = [c.share for c in workload.mix]
     ranked = best_per_choice(plans, rank_by)
     meeting = [p for p in ranked if p.meets]
     shown = (meeting or ranked)[: top or None]
@@ -154,7 +155,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                                "slo": {"ttft_s": workload.slo.ttft, "tpot_s": workload.slo.tpot,
                                        "attainment": workload.attainment}, "rank_by": rank_by,
                                "assumptions": assume.__dict__, "meets_slo": bool(meeting),
-                               "plans": [plan_json(p) for p in shown],
+                               "plans": [plan_json(p, shares) for p in shown],
                                "phases": [dict(zip(PHASE_HEADERS, r)) for r in phase_rows(planner)],
                                "inputs": [dict(zip(("hardware", "rate", "origin", "detail"), r))
                                           for r in input_rows(planner)]}, indent=1))
@@ -165,7 +166,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                    f"of requests; weights {weights}, KV {kv}; ranked by goodput per {rank_by}\n")
         if not meeting:
             click.echo("no plan meets the SLO; the closest plans:\n")
-        click.echo(render(TABLE_HEADERS, table_rows(shown, len(workload.mix)), fmt))
+        click.echo(render(table_headers(workload.attainment), table_rows(shown, shares), fmt))
         if fmt in ("table", "markdown"):
             if not meeting:
                 for i, p in enumerate(shown, 1):
@@ -178,7 +179,8 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                         click.echo(f"  {p.label}: {p.reason}")
             click.echo("\ngoodput: requests/s meeting the SLO. req/$: per dollar of device-hours; req/MJ: per "
                        "megajoule at every device's TDP. $/Mtok, kWh/Mtok: per million tokens (input + output) of "
-                       "requests meeting the SLO. TTFT: mean wait + prefill (+ KV transfer), worst class. batch: "
+                       "requests meeting the SLO. TTFT pNN: mean wait + prefill (+ KV transfer) of the class within which NN% of "
+                       "requests fall (the attainment). batch: "
                        "decode batch per instance / the most the KV room allows. wall: the roof binding each phase "
                        "(capacity: the decode batch is limited by memory).")
             click.echo("\nper hardware type and phase (at the smallest tensor-parallel degree holding the weights and "
@@ -193,7 +195,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                     click.echo(f"  {line}")
     if plot_dir is not None:
         plot_dir.mkdir(parents=True, exist_ok=True)
-        path = plot_pareto(plans, str(plot_dir / "plan-pareto.png"),
+        path = plot_pareto(plans, shares, str(plot_dir / "plan-pareto.png"),
                            title=f"{model.title}, {workload.title}: plans meeting the SLO")
         click.echo(f"\nplot: {path}", err=True)
     if not meeting:

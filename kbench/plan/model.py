@@ -167,6 +167,7 @@ class Plan:
     prefill_devices: int = 0
     decode_devices: int = 0
     ttft: dict[int, float] = field(default_factory=dict)   # class index -> seconds (mean, queueing included)
+    attainment_target: float = 0.9   # the workload's: the TTFT quantile shown is this one
     transfer: dict[int, float] = field(default_factory=dict)
     tpot: float = math.inf
     batch: int = 0                   # decode batch per instance at the operating point
@@ -188,6 +189,16 @@ class Plan:
         if self.mode == "aggregated":
             return f"aggregated {self.prefill_hw} x{self.tp_prefill}"
         return f"P {self.prefill_hw} x{self.tp_prefill} -> D {self.decode_hw} x{self.tp_decode} via {self.link}"
+
+    def ttft_quantile(self, shares: Sequence[float], fraction: float) -> float:
+        """The TTFT that ``fraction`` of requests stay within (classes by TTFT, shares accumulated): the
+        p90 TTFT for fraction 0.9, the latency the attainment is judged on."""
+        total = 0.0
+        for i in sorted(self.ttft, key=self.ttft.get):
+            total += shares[i]
+            if total >= fraction - 1e-9:
+                return self.ttft[i]
+        return max(self.ttft.values(), default=math.inf)
 
     @property
     def per_device(self) -> float:
@@ -293,6 +304,7 @@ class Planner:
     def _finish(self, plan: Plan, ttft: list[float], transfer: list[float], tpot: float) -> Plan:
         wl = self.workload
         plan.ttft = dict(enumerate(ttft))
+        plan.attainment_target = wl.attainment
         plan.transfer = dict(enumerate(transfer))
         plan.tpot = tpot
         met = [i for i, t in enumerate(ttft) if t <= wl.slo.ttft and tpot <= wl.slo.tpot]

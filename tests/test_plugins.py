@@ -233,22 +233,8 @@ def test_group_typo_detection(group, typo):
     assert looks_like_kbench_group(group) is typo
 
 
-ODD_BACKEND = """
-    import kbench
-    from kbench.backends import Backend
-
-    class Odd(Backend):
-        name = "odd"
-        {attrs}
-        def prepare(self, case):
-            def run(q, k, v, out):
-                out[...] = q
-            return run
-
-    @kbench.hookimpl
-    def kbench_register_backends(registry):
-        registry.add_backend(Odd())
-"""
+#: a backend plugin with class attributes or methods of the test's choosing in place of ``{attrs}``
+ODD_BACKEND = BACKEND_PLUGIN.replace('name = "{name}"', 'name = "odd"\n        {attrs}')
 
 
 @pytest.mark.parametrize("attrs, message", [

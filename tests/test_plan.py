@@ -392,3 +392,32 @@ def test_default_hardware_skips_profiles_without_the_precision():
     assert "rubin-cpx" not in res.output
     named = invoke("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "rubin-cpx")
     assert named.exit_code == 2 and "no bf16 compute rate" in named.output
+
+
+def test_splitwise_direction_decode_on_a100_pays_once_h100_costs_more_than_its_bandwidth_ratio():
+    """docs/plan.md, comparison with Splitwise: decode on A100 beats decode on H100 per dollar only when the
+    H100/A100 price ratio exceeds their bandwidth ratio (3.35 / 2.039 = 1.64); prefill belongs on the H100."""
+    from dataclasses import replace
+
+    from kbench.plan.inputs import with_price
+
+    hw = {p.name: p for p in builtin_profiles()}
+    m = {x.name: x for x in builtin_models()}["llama-3.1-70b"]
+    wl = replace({w.name: w for w in builtin_workloads()}["splitwise-conversation"], rate=100.0)
+    links = {i.name: i for i in builtin_interconnects()}
+
+    def per_dollar(h100_price: float) -> dict[str, float]:
+        h100 = with_price(hw["h100-sxm"], h100_price)
+        planner = Planner(m, wl, [h100, hw["a100-80gb-sxm"]], links, links=["ib-ndr"])
+        return {p.label: p.per_dollar for p in best_per_choice(planner.all_plans(), "dollar") if p.meets}
+
+    on_h100 = "P h100-sxm x2 -> D h100-sxm x4 via ib-ndr"
+    on_a100 = "P h100-sxm x2 -> D a100-80gb-sxm x4 via ib-ndr"
+    list_price = per_dollar(2.99)                          # ratio 1.67: about even, H100 decode slightly ahead
+    assert list_price[on_h100] > list_price[on_a100]
+    dear = per_dollar(4.5)                                 # ratio 2.5: A100 decode ahead
+    assert dear[on_a100] > dear[on_h100]
+    # prefill on A100 ranks below prefill on H100 at every price
+    for figures in (list_price, dear):
+        best_a100_prefill = max(v for k, v in figures.items() if k.startswith("P a100"))
+        assert best_a100_prefill < figures[on_a100]

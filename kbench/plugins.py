@@ -253,6 +253,29 @@ def plugin_report(pm: PluginManager) -> dict[str, Any]:
             "misplaced": [vars(ep) for ep in misplaced_entry_points()], "disabled": sorted(pm.disabled)}
 
 
+def show_plugin_warnings_plainly() -> None:
+    """Print kbench's plugin and registration warnings as ``kbench: warning: ...`` (no source line).
+
+    Python's default format shows the ``warnings.warn`` line of kbench's own code, which says nothing
+    to a plugin author; other warnings keep the default format. The CLI calls this once at start.
+    """
+    from kbench.registry import RegistrationWarning
+
+    default = warnings.showwarning
+    if getattr(default, "_kbench_plain", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, (PluginWarning, RegistrationWarning)):
+            import sys
+
+            print(f"kbench: warning: {message}", file=file or sys.stderr)
+            return
+        default(message, category, filename, lineno, file, line)
+    show._kbench_plain = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def format_plugin_report(report: dict[str, Any], fmt: str = "table") -> str:
     """:func:`plugin_report` as ``kbench list --plugins`` prints it (``fmt``: table, markdown or json)."""
     if fmt == "json":

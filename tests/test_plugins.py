@@ -349,3 +349,20 @@ def test_the_documented_hardware_profile_file_loads_and_registers(on_path):
     """)
     profile = PluginManager([mod], load_entry_points=False).registry.hardware["my-gpu"]
     assert profile.peak_flops["bf16"] == 990e12 and profile.bandwidth == 3.35e12 and profile.kind == "gpu"
+
+
+def test_plugin_warnings_print_plainly(on_path, monkeypatch, capsys):
+    import warnings
+
+    from kbench.plugins import show_plugin_warnings_plainly
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after the test
+    show_plugin_warnings_plainly()
+    show_plugin_warnings_plainly()  # idempotent: one line per warning, not two
+    mod = write_module(on_path, "kbtest_plain", "X = 1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        PluginManager([mod], load_entry_points=False)
+    err = capsys.readouterr().err
+    assert err.startswith("kbench: warning: plugin 'kbtest_plain' (kbtest_plain) implements no kbench hook")
+    assert err.count("kbench: warning:") == 1 and "warnings.warn" not in err and "plugins.py" not in err

@@ -187,3 +187,30 @@ def test_flat_history_passes_the_gate(tmp_path):
     hs.write_history(tmp_path / "r", seed=12, n=30, backends=("numpy", "numpy-flash"))
     res = invoke("regressions", tmp_path / "r", "--fail")
     assert res.exit_code == 0 and "0 slower and 0 faster" in res.output
+
+
+def test_the_cache_spares_reading_unchanged_files_and_rereads_changed_ones(tmp_path):
+    paths = hs.write_history(tmp_path / "r", seed=6, n=4)
+    cache = tmp_path / "cache.json"
+    first = load_runs([tmp_path / "r"], cache=cache, jobs=1)
+    doc = json.loads(cache.read_text())
+    key = next(k for k in doc["runs"] if k.startswith(str(paths[1].resolve())))
+    doc["runs"][key]["points"][0][4] = 123.0  # what the cache says of run 1, to see that it is believed
+    cache.write_text(json.dumps(doc))
+    assert load_runs([tmp_path / "r"], cache=cache, jobs=1)[1].points[0].median == 123.0
+    data = json.loads(paths[1].read_text())
+    paths[1].write_text(json.dumps(data) + "\n")  # the file changed (a resumed run): read again
+    again = load_runs([tmp_path / "r"], cache=cache, jobs=1)
+    assert again[1].points[0].median == first[1].points[0].median != 123.0
+
+
+def test_reading_in_processes_gives_the_same_runs_and_names_a_bad_file(tmp_path):
+    hs.write_history(tmp_path / "r", seed=7, n=20)
+    serial = load_runs([tmp_path / "r"], jobs=1)
+    parallel = load_runs([tmp_path / "r"], jobs=2)
+    assert [(r.id, r.points) for r in serial] == [(r.id, r.points) for r in parallel]
+    bad = tmp_path / "r" / "cpu-test-2c" / "attention-bad.json"
+    bad.write_text(json.dumps({"format": "kbench-result", "version": 2}))
+    with pytest.raises(BadInput) as err:
+        load_runs([tmp_path / "r"], jobs=2)
+    assert err.value.file == str(bad) and "re-run" in err.value.fix

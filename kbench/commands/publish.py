@@ -48,8 +48,13 @@ def _compare_latest(keyword: str | None):
               help="Where RESULTS_DIR is served (e.g. the raw files of the repository); default: relative links.")
 @click.option("--commit-url", metavar="TEMPLATE",
               help="Link of a commit, with {commit}: e.g. https://github.com/ORG/REPO/commit/{commit}.")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path),
+              help="File of result files already read (default: SITE_DIR/.kbench-publish-cache.json).")
+@click.option("--no-cache", is_flag=True, help="Read every result file again.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Processes reading result files (default: CPUs).")
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
-def publish_command(results_dirs, output, repo, mix_machines, lineages, results_url, commit_url, keyword):
+def publish_command(results_dirs, output, repo, mix_machines, lineages, results_url, commit_url, cache, no_cache,
+                    jobs, keyword):
     """Write a static site of the history of the result files under RESULTS_DIR.
 
     Per machine, one chart per (case, backend): the median time of every run with its 95% confidence band,
@@ -65,7 +70,9 @@ def publish_command(results_dirs, output, repo, mix_machines, lineages, results_
     if commit_url and "{commit}" not in commit_url:
         raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
                        fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword)
+    cache = None if no_cache else (cache or output / ".kbench-publish-cache.json")
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
+                                 jobs=jobs)
     lins = load_lineages(lineages) if lineages else []
     links = Links(output, results_url, Path(results_dirs[0]) if results_url else None, commit_url)
     counts = write_site(output, hists, lins, links, _compare_latest(keyword))

@@ -33,9 +33,12 @@ def parse_threshold(text: str) -> float:
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path),
               help="Git repository whose commit dates order the runs (default: the one holding RESULTS_DIR).")
 @click.option("--mix-machines", is_flag=True, help="One history of all machines (default: one per machine).")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path),
+              help="File of result files already read (e.g. the one `kbench publish` keeps in its SITE_DIR).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Processes reading result files (default: CPUs).")
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines, keyword, fmt):
+def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines, cache, jobs, keyword, fmt):
     """Find steps in the history of every (case, backend) of the result files under RESULTS_DIR.
 
     Each series is the median time over the runs of one machine, ordered by commit date. A step is a
@@ -51,7 +54,8 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
 
     limit = parse_threshold(threshold)
     repo = repo or default_repo(results_dirs)
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword)
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
+                                 jobs=jobs)
     start = resolve_since(since, runs, repo) if since else None
     found, unconfirmed = [], []
     for h in hists:

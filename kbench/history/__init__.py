@@ -8,19 +8,20 @@ and ``kbench regressions`` (docs/history.md).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from kbench.history.runs import Run, default_repo, load_runs
 from kbench.history.series import History, histories
 
 
 def load_histories(paths: Sequence[str | Path], *, repo: Path | None = None, mix_machines: bool = False,
-                   keyword: str | None = None, progress: Any = None) -> tuple[list[Run], list[History]]:
+                   keyword: str | None = None, cache: Path | None = None,
+                   jobs: int | None = None) -> tuple[list[Run], list[History]]:
     """Runs under ``paths`` (commit dates from ``repo``, default the git tree holding them) and their
     histories, keeping only the records whose backend/case match ``keyword`` (``-k``)."""
     from kbench.selection import Keyword
 
-    runs = load_runs(paths, repo=repo if repo is not None else default_repo(paths), progress=progress)
+    runs = load_runs(paths, repo=repo if repo is not None else default_repo(paths), cache=cache, jobs=jobs)
     kw = Keyword(keyword)
     if keyword:
         for r in runs:

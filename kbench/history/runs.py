@@ -200,15 +200,84 @@ def default_repo(paths: Sequence[str | Path]) -> Path | None:
     return None
 
 
-def load_runs(paths: Sequence[str | Path], *, repo: Path | None = None,
-              progress: Any = None) -> list[Run]:
-    """Every run under ``paths``, read and reduced, with commit dates from ``repo``, in history order."""
+#: bump when ``Run``/``Point`` change: older caches are then ignored
+CACHE_VERSION = 1
+
+
+def run_to_json(run: Run) -> dict[str, Any]:
+    return {"path": str(run.path), "id": run.id, "machine_id": run.machine_id, "device": run.device,
+            "suite": run.suite, "created": run.created.isoformat(), "commit": run.commit, "dirty": run.dirty,
+            "complete": run.complete, "environment": run.environment, "statuses": run.statuses,
+            "points": [[p.op, p.case_id, dict(p.case), p.backend, p.median, p.ci_low, p.ci_high, p.n, p.min]
+                       for p in run.points]}
+
+
+def run_from_json(d: Mapping[str, Any]) -> Run:
+    return Run(path=Path(d["path"]), id=d["id"], machine_id=d["machine_id"], device=d["device"], suite=d["suite"],
+               created=_dt.datetime.fromisoformat(d["created"]), commit=d["commit"], dirty=d["dirty"],
+               complete=d["complete"], environment=dict(d["environment"]), statuses=dict(d["statuses"]),
+               points=[Point(*p) for p in d["points"]])
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _read_one(path: Path) -> Run | BadInput:
+    """In a worker process: a reduced run, or the error as a value (exceptions with keyword
+    arguments do not survive pickling whole)."""
+    try:
+        return reduce_result(path, load_result(path))
+    except BadInput as exc:
+        return exc
+
+
+def _read_all(files: Sequence[Path], jobs: int) -> list[Run]:
+    """Read and validate files, in ``jobs`` processes when there are many (validation is the cost)."""
+    if jobs <= 1 or len(files) < 16:
+        results = [_read_one(f) for f in files]
+    else:
+        import concurrent.futures as cf
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            results = list(pool.map(_read_one, files, chunksize=max(1, len(files) // (8 * jobs))))
+    for r in results:
+        if isinstance(r, BadInput):
+            raise BadInput(r.message, file=r.file, where=r.where, fix=r.fix)
+    return results  # type: ignore[return-value]
+
+
+def load_runs(paths: Sequence[str | Path], *, repo: Path | None = None, cache: Path | None = None,
+              jobs: int | None = None) -> list[Run]:
+    """Every run under ``paths``, read and reduced, with commit dates from ``repo``, in history order.
+
+    ``cache``: a JSON file of reduced runs keyed by path, size and modification time, so a nightly
+    publish reads only the new result files (reading validates every file against the schema, which
+    is most of the cost). ``jobs``: processes that read files (default: one per CPU).
+    """
     files = find_result_files(paths)
-    runs = []
-    for i, f in enumerate(files):
-        runs.append(reduce_result(f, load_result(f)))
-        if progress is not None:
-            progress(i + 1, len(files))
+    cached: dict[str, Any] = {}
+    if cache is not None and cache.is_file():
+        try:
+            doc = json.loads(cache.read_text(encoding="utf-8"))
+            if doc.get("version") == CACHE_VERSION:
+                cached = doc.get("runs") or {}
+        except (ValueError, OSError):
+            cached = {}  # a damaged cache is only a slower publish
+    keys = [_file_key(f) for f in files]
+    missing = [f for f, k in zip(files, keys) if k not in cached]
+    fresh = dict(zip((_file_key(f) for f in missing), _read_all(missing, jobs or os.cpu_count() or 1)))
+    runs = [fresh[k] if k in fresh else run_from_json(cached[k]) for k in keys]
+    for f, r in zip(files, runs):
+        r.path = f  # the path as given (links are made relative to it), whatever the cache stored
+    if cache is not None and fresh:
+        from kbench.results import atomic_write_json
+
+        atomic_write_json(cache, {"version": CACHE_VERSION,
+                                  "runs": {k: run_to_json(r) for k, r in zip(keys, runs)}})
     times = commit_times((r.commit for r in runs if r.commit), repo)
     for r in runs:
         r.commit_time = times.get(r.commit) if r.commit else None

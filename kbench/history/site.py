@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -187,9 +186,9 @@ def write_site(out: Path, histories: Sequence[History], lineages: Sequence[Linea
     out.mkdir(parents=True, exist_ok=True)
     assets = out / "assets"
     assets.mkdir(exist_ok=True)
-    import plotly
+    from plotly.offline import get_plotlyjs  # the plotly.js bundle the package ships: no network at view time
 
-    shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", assets / "plotly.min.js")
+    (assets / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
     static = resources.files("kbench.history").joinpath("static")
     for name in ("history.js", "history.css"):
         (assets / name).write_text(static.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")

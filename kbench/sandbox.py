@@ -22,6 +22,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -112,7 +113,7 @@ def probe() -> SandboxStatus:
         version = out.stdout.strip() or out.stderr.strip() or "bubblewrap"
     except (OSError, subprocess.SubprocessError) as exc:
         return SandboxStatus(False, binary, None, f"{binary} does not run: {exc}")
-    scratch = _probe_scratch()
+    scratch = tempfile.mkdtemp(prefix="kbench-probe-")
     try:
         cmd = bwrap_command(binary, [sys.executable, "-c", "import os; print(os.getpid(), os.getuid())"],
                             scratch=scratch, cuda=False)
@@ -134,12 +135,6 @@ def probe() -> SandboxStatus:
         return SandboxStatus(False, binary, version, f"bwrap ran but without a new PID/user namespace "
                                                      f"(pid {pid}, uid {uid})")
     return SandboxStatus(True, binary, version)
-
-
-def _probe_scratch() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="kbench-probe-")
 
 
 def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
@@ -205,8 +200,8 @@ def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool)
 
 def hard_limits(*, memory: int | None, file_size: int | None, cpu_count: int | None = None) -> dict[int, int]:
     """The rlimits of a sandboxed worker (soft = hard, so candidate code cannot raise them)."""
-    limits = {resource.RLIMIT_NOFILE: NOFILE, resource.RLIMIT_NPROC: NPROC_BASE + 8 * (cpu_count or os.cpu_count() or 1),
-              resource.RLIMIT_CORE: 0}
+    nproc = NPROC_BASE + 8 * (cpu_count or os.cpu_count() or 1)
+    limits = {resource.RLIMIT_NOFILE: NOFILE, resource.RLIMIT_NPROC: nproc, resource.RLIMIT_CORE: 0}
     if memory:
         limits[resource.RLIMIT_AS] = int(memory)
     if file_size:

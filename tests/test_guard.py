@@ -46,8 +46,9 @@ def run_candidate(tmp_path: Path, source: str, names: list[str], env: dict | Non
     (scratch / "candidate.py").write_text(textwrap.dedent(source))
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
+    env = {**os.environ, "HOME": str(scratch), "TMPDIR": str(scratch), **(env or {})}  # as in a worker
     proc = subprocess.run([sys.executable, str(driver), str(scratch), *names], capture_output=True, text=True,
-                          timeout=300, cwd=scratch, env={**os.environ, "HOME": str(scratch), "TMPDIR": str(scratch), **(env or {})})
+                          timeout=300, cwd=scratch, env=env)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(line[0][len("RESULT "):])

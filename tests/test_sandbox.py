@@ -176,8 +176,8 @@ def test_rlimits_are_hard(tmp_path):
                 raised.append(which)
             except (ValueError, OSError):
                 pass
-        print(json.dumps({"as": resource.getrlimit(resource.RLIMIT_AS), "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
-                          "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "raised": raised}))
+        print(json.dumps({"as": resource.getrlimit(resource.RLIMIT_AS),
+                          "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "raised": raised}))
     ''', tmp_path))
     assert out["as"] == [3 * 2**30] * 2 and out["fsize"] == [2**20] * 2
     assert out["nproc"] == sandbox.NPROC_BASE + 16 and out["raised"] == []

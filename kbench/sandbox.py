@@ -160,11 +160,13 @@ def readable_roots() -> list[str]:
     roots.update(p for p in sys.path if p and os.path.isdir(p))
     for module in list(sys.modules.values()):  # editable installs: packages found by path hooks, not sys.path
         path = getattr(module, "__file__", None)
-        if path and "." not in module.__name__:
+        if path and "." not in module.__name__ and module.__name__ != "__main__":
             roots.add(str(Path(path).resolve().parent.parent) if path.endswith("__init__.py")
                       else str(Path(path).resolve().parent))
     roots = {os.path.realpath(r) for r in roots if r and os.path.exists(r)}
-    roots = {r for r in roots if r not in ("/", "/tmp", "/root", "/home", "/dev", "/proc")}
+    # never a whole home directory (a script run from ~ puts ~ on sys.path) nor a system root
+    home = os.path.realpath(os.path.expanduser("~"))
+    roots = {r for r in roots if r not in ("/", "/tmp", "/root", "/home", "/dev", "/proc", "/sys", "/etc", home)}
     kept: list[str] = []
     for root in sorted(roots):  # a parent first: its children are already visible
         if not any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):

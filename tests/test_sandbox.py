@@ -332,3 +332,19 @@ def test_without_user_namespaces_untrusted_code_does_not_run_unless_allowed(tmp_
     data = json.loads((scratch / "allowed.json").read_text())
     assert rc == 0 and {r["status"] for r in data["records"]} == {"passed"}
     assert data["selection"]["allow_unsandboxed"] is True
+
+
+def test_trusted_workers_get_a_memory_limit_too(tmp_path):
+    from kbench.workers import WorkerPool
+
+    suite = {"name": "trusted", "grid": [{"seqlen": 32, "heads": 2, "head_dim": 16, "dtype": "fp32"}],
+             "timing": TIMING}
+    pm, planned = _plan(tmp_path, suite, patterns=["numpy"])
+    case, backend = planned.work()[0]
+    with WorkerPool(pm, planned.ctx) as pool:
+        assert pool(backend, case)["status"] == "passed"
+        worker = pool.workers["trusted"]
+        limits = Path(f"/proc/{worker.proc.pid}/limits").read_text()
+        expected = pool.memory_limit()
+    line = next(ln for ln in limits.splitlines() if ln.startswith("Max address space"))
+    assert expected and line.split()[3:5] == [str(expected), str(expected)]

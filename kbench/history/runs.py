@@ -187,8 +187,10 @@ def commit_times(commits: Iterable[str], repo: Path | None) -> dict[str, _dt.dat
             out[sha] = _dt.datetime.fromisoformat(when)
         except ValueError:
             continue
-    # a run may store an abbreviated commit: match by prefix
-    return {c: out[full] for c in shas for full in out if full.startswith(c)}
+    found = {c: out[c] for c in shas if c in out}
+    for c in set(shas) - set(found):  # a run may store an abbreviated commit: match by prefix
+        found.update({c: t for full, t in out.items() if full.startswith(c)})
+    return found
 
 
 def default_repo(paths: Sequence[str | Path]) -> Path | None:

@@ -83,6 +83,11 @@ def machine_page_name(machine: str) -> str:
     return f"machine-{slug(machine)}.html"
 
 
+def _g(value: float) -> float:
+    """Six significant digits: far below any timing noise, and half the page size of full floats."""
+    return float(f"{value:.6g}")
+
+
 def history_data(history: History, fits: dict[str, Fit], links: Links) -> dict[str, Any]:
     """What one machine page draws: runs, environment changes, and each series with its fit."""
     runs = [{"id": r.id, "time": r.time.isoformat(), "created": r.created.isoformat(), "commit": r.commit,
@@ -95,8 +100,8 @@ def history_data(history: History, fits: dict[str, Fit], links: Links) -> dict[s
         params = {k: s.case.get(k) for k in FILTER_PARAMS if k in s.case}
         series.append({
             "key": s.key, "op": s.op, "backend": s.backend, "case": s.case_id, "params": params,
-            "x": s.runs, "m": [p.median for p in s.points], "lo": [p.ci_low for p in s.points],
-            "hi": [p.ci_high for p in s.points], "n": [p.n for p in s.points],
+            "x": s.runs, "m": [_g(p.median) for p in s.points], "lo": [_g(p.ci_low) for p in s.points],
+            "hi": [_g(p.ci_high) for p in s.points], "n": [p.n for p in s.points],
             "levels": [[s.runs[a], s.runs[b], lv] for a, b, lv in fit.levels],
             "outliers": [s.runs[i] for i in fit.outliers],
             "steps": [{"before": s.runs[st.before], "after": s.runs[st.after], "size": st.size,

@@ -49,12 +49,17 @@ def site(tmp_path_factory):
 
 
 def _make_lineage(workspace: Path, results: Path) -> None:
+    """Three versions whose scores are the numpy TFLOP/s of one case in three of the runs (as evolve records them)."""
     from kbench_evolve.store import Lineage
 
-    lin = Lineage.create(workspace, "demo", seed=Path("seed.py"), suite_path="suites/smoke.yaml")
+    suite = REPO / "suites" / "smoke.yaml"
+    lin = Lineage.create(workspace, "demo", seed=suite, suite_path=str(suite))
     files = sorted(results.glob("*.json"))
     case = "attention[b=1,sq=64,sk=64,hq=4,hkv=4,d=32,noncausal,fp32]"
-    for number, score in enumerate((1.0, 1.2, 1.5), start=1):
+    for number in (1, 2, 3):
+        rec = next(r for r in json.loads(files[number].read_text())["records"]
+                   if r["case_id"] == case and r["backend"] == "numpy")
+        score = rec["metrics"]["tflops"]
         lin.commit("def attention(q, k, v): ...\n", {"operator": "mutate", "rationale": f"try {number}",
                                                        "scores": {case: score}, "geomean": score,
                                                        "result_files": [str(files[number])]})
@@ -113,10 +118,10 @@ def test_lineage_page_has_versions_in_order_with_bands(site):
     out, _ = site
     data = page_data(out / "lineage-demo.html")
     assert [v["number"] for v in data["versions"]] == [1, 2, 3]
-    geo = data["series"][0]
-    assert geo["x"] == [1, 2, 3] and geo["m"] == [1.0, 1.2, 1.5]
-    case = data["series"][1]
-    assert all(lo <= hi for lo, hi in zip(case["lo"], case["hi"])) and case["lo"] != case["m"]
+    geo, case = data["series"]
+    assert geo["x"] == case["x"] == [1, 2, 3] and geo["m"] == case["m"]
+    # the band of each version comes from the confidence interval of its run's median time
+    assert all(lo < m < hi for lo, m, hi in zip(case["lo"], case["m"], case["hi"]))
 
 
 def test_mixed_machines_only_when_asked(tmp_path):

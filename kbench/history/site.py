@@ -212,7 +212,7 @@ def write_site(out: Path, histories: Sequence[History], lineages: Sequence[Linea
     for lin in lineages:
         body = (f"<p>{len(lin.versions)} committed versions, {lin.attempts} attempts. TFLOP/s of each version "
                 "(higher is better); bands: 95% interval from the run that measured the version.</p>"
-                '<div id="details" class="details"></div><div id="charts"></div>')
+                '<div id="details" class="details">click a point for its version</div><div id="charts"></div>')
         (out / f"lineage-{slug(lin.name)}.html").write_text(
             _page(f"lineage {lin.name}", body, data=lineage_data(lin), charts=True), encoding="utf-8")
         charts += 1 + len(lin.cases)

@@ -290,3 +290,22 @@ def test_verdict_fails_the_record_naming_the_first_refusal(tmp_path):
     assert rec["status"] == "failed"
     assert rec["reason"] == "audit: refused socket.__new__ (...) (and 1 more refused event)"
     assert rec["integrity"]["checks"] == ["audit"] and guard.refusals == []
+
+
+CUPY = '''
+import cupy
+
+def cupy_import_and_launch():
+    try:
+        x = cupy.arange(4, dtype=cupy.float32)
+        return float((x * 2).sum().get())
+    except cupy.cuda.runtime.CUDARuntimeError as exc:  # no GPU here: the launch fails in CUDA, not in the guard
+        return "CUDARuntimeError"
+'''
+
+
+def test_cupy_kernel_code_is_not_refused(tmp_path):
+    pytest.importorskip("cupy")
+    results = run_candidate(tmp_path, CUPY, ["cupy_import_and_launch"])
+    outcome = results["cupy_import_and_launch"]
+    assert outcome["refusals"] == [] and outcome["result"] in ("12.0", "'CUDARuntimeError'"), outcome

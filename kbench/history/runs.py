@@ -165,7 +165,8 @@ def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
     if not found:
         raise BadInput(f"no kbench result files under {', '.join(str(p) for p in paths)}", where="RESULTS_DIR",
                        fix="give the directories `kbench run` writes to (results/<machine>/)")
-    return sorted(set(found))
+    unique = {f.resolve(): f for f in found}  # a file named twice (a directory and a file in it) is one run
+    return sorted(unique.values())
 
 
 def commit_times(commits: Iterable[str], repo: Path | None) -> dict[str, _dt.datetime]:

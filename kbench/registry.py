@@ -197,6 +197,14 @@ class Registry:
                                f"{_did_you_mean(pattern.pattern, [b.name for b in mine])}",
                                file=pattern.file, where=pattern.where,
                                fix=f"known backends: {', '.join(b.name for b in mine)}")
+            if pattern.settings and any(c in pattern.pattern for c in "*?["):
+                # a glob with settings configures the backends that declare those tunables
+                keys = [k for k, _ in pattern.settings]
+                matched = [b for b in matched if all(k in b.tunables for k in keys)]
+                if not matched:
+                    raise BadInput(f"no backend of op {op!r} matching {pattern.pattern!r} declares "
+                                   f"{', '.join(keys)}", file=pattern.file, where=pattern.where,
+                                   fix="check the tunable names with `kbench list` / docs/backends.md")
             for backend in matched:
                 configured = backend.configure(dict(pattern.settings), file=pattern.file, where=pattern.where)
                 chosen.setdefault(configured.name, configured)

@@ -118,6 +118,16 @@ def test_several_settings_of_one_backend_are_separate_backends(pm):
         pm.registry.select_backends("attention", ["numpy-flsh[block_q=16]"])
 
 
+def test_a_glob_with_settings_configures_the_backends_declaring_them(pm):
+    # numpy matches the glob but has no block_q: skipped, not an error
+    assert [b.name for b in pm.registry.select_backends("attention", ["numpy*[block_q=32]"])] == \
+        ["numpy-flash[block_q=32]"]
+    with pytest.raises(BadInput, match="no backend of op 'attention' matching 'numpy\\*' declares threads"):
+        pm.registry.select_backends("attention", ["numpy*[threads=4]"])
+    with pytest.raises(BadInput, match="'numpy' declares no tunables"):  # an exact name is not a glob
+        pm.registry.select_backends("attention", ["numpy[block_q=32]"])
+
+
 def test_resolve_and_pickle_rebuild_a_configured_backend_by_name(pm):
     backend = pm.registry.resolve("numpy-flash[block_q=64]")
     assert backend.name == "numpy-flash[block_q=64]" and backend.setting("block_q") == 64

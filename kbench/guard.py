@@ -55,7 +55,8 @@ INTROSPECTION: tuple[str, ...] = ("sys._getframe", "sys._getframemodulename", "s
                                   "sys._current_exceptions", "gc.get_objects", "gc.get_referrers",
                                   "gc.get_referents", "sys.settrace", "sys.setprofile", "sys.monitoring.",
                                   "exec", "compile", "ctypes.", "code.__new__", "function.__new__",
-                                  "os.kill", "os.killpg", "signal.pthread_kill")
+                                  "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
+                                  "resource.prlimit")
 
 #: attributes that lead to frames: candidate code may not read them (``object.__getattr__`` events)
 FRAME_ATTRIBUTES: frozenset[str] = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})

@@ -146,6 +146,11 @@ def settrace():
     sys.settrace(lambda *a: None)
     sys.settrace(None)
 
+def raise_cpu_limit():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+
 def add_audit_hook():
     sys.addaudithook(lambda *a: None)
 '''
@@ -177,6 +182,7 @@ EXPECTED = {
     "harness_code": "audit: refused object.__getattr__ '__code__'",
     "exec_code": "audit: refused compile",
     "settrace": "audit: refused sys.settrace",
+    "raise_cpu_limit": "audit: refused resource.setrlimit",
     "add_audit_hook": "audit: refused sys.addaudithook",
 }
 

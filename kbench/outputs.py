@@ -26,6 +26,8 @@ _REASONS = {
     errno.EACCES: ("permission denied", "write somewhere you may write (-o PATH), or fix the permissions"),
     errno.EPERM: ("permission denied", "write somewhere you may write (-o PATH), or fix the permissions"),
     errno.ENOTDIR: ("a part of the path is a file, not a directory", "give a path whose directories are directories"),
+    # mkdir(exist_ok=True) over a regular file
+    errno.EEXIST: ("a part of the path is a file, not a directory", "give a path whose directories are directories"),
     errno.EISDIR: ("it is a directory", "give a file name inside it"),
     errno.ENAMETOOLONG: ("the name is too long", "give a shorter path"),
 }

@@ -54,8 +54,15 @@ def migrate(data: dict[str, Any], *, file: str | None = None) -> dict[str, Any]:
     if version > RESULT_VERSION:
         raise BadInput(f"result format version {version} is newer than this kbench reads ({RESULT_VERSION})",
                        file=file, where="version", fix="upgrade kbench to read it")
+    if version < 1:
+        raise BadInput(f"result format version {version} does not exist", file=file, where="version",
+                       fix="give a file written by `kbench run`")
     while version < RESULT_VERSION:
-        data = MIGRATIONS[version](data)
+        try:  # a migration reads a file not yet validated: a malformed one is bad input, not a crash
+            data = MIGRATIONS[version](data)
+        except (TypeError, AttributeError, KeyError, ValueError):
+            raise BadInput(f"result file of format version {version} is malformed and cannot be migrated",
+                           file=file, where="version", fix="give a file written by `kbench run`") from None
         version = data["version"]
     return data
 

@@ -507,6 +507,8 @@ def plot_footprint(models: Sequence[ModelConfig], hardware: Sequence[HardwarePro
 # ---------------------------------------------------------------------------------------------
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "ki": 2**10, "mi": 2**20}
+#: longest context --context accepts (10^12 tokens: far beyond any model, still exact in a float)
+MAX_CONTEXT = 10**12
 
 
 def parse_context(text: str) -> int:
@@ -519,14 +521,16 @@ def parse_context(text: str) -> int:
                 value = float(low[: -len(suffix)]) * _SUFFIX[suffix]
             except ValueError:
                 break
-            if value >= 1 and value == int(value):
+            # 1e400k is inf, and 1e30k is no context length: refuse both instead of overflowing below
+            if math.isfinite(value) and 1 <= value <= MAX_CONTEXT and value == int(value):
                 return int(value)
             break
     else:
-        if raw.isdigit() and int(raw) >= 1:
+        if raw.isdigit() and len(raw) <= 16 and 1 <= int(raw) <= MAX_CONTEXT:
             return int(raw)
     raise BadInput(f"bad context length {text!r}", where="--context",
-                   fix="give a positive integer of tokens, e.g. 1000000, 128k (x1000), 1M (x10^6), 128Ki (x1024)")
+                   fix=f"give a positive integer of tokens up to {MAX_CONTEXT:,}, e.g. 1000000, 128k (x1000), "
+                       "1M (x10^6), 128Ki (x1024)")
 
 
 def split_names(values: Iterable[str]) -> list[str]:

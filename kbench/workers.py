@@ -398,7 +398,9 @@ class Worker:
         The channel is one end of a socketpair passed by fd number; bwrap keeps inherited fds open,
         so the protocol is the same inside the sandbox and out.
         """
-        self.scratch = tempfile.mkdtemp(prefix="kbench-worker-")
+        from kbench.scratch import make_worker_dir
+
+        self.scratch = make_worker_dir()  # named after this process: the next run removes it if we are killed
         setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch})
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)

@@ -1,1 +1,17 @@
 """The core's CLI commands, one module each; registered by kbench.builtin.commands."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def keep_matching(keyword: Any, records: list[dict[str, Any]], *, file: str, option: str = "-k") -> list[dict[str, Any]]:
+    """The records ``keyword`` (a :class:`kbench.selection.Keyword`) matches; none at all is bad input (exit 2),
+    not an empty table with exit 0. An empty file with no ``-k`` is not an error: there was nothing to select."""
+    kept = [r for r in records if keyword.matches(r["backend"], r["case_id"])]
+    if records and not kept:
+        from kbench.errors import BadInput
+
+        raise BadInput(f"{keyword.expr!r} matches none of the {len(records)} records", file=file, where=option,
+                       fix=f"a record is a backend ({records[0]['backend']}) and a case id ({records[0]['case_id']}); "
+                           "words match parts of either")
+    return kept

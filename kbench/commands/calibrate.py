@@ -25,9 +25,12 @@ def calibrate_command(pm, device, matmul_size, copy_mb, dtypes, max_time, output
     next to the fraction of the datasheet roof (when a datasheet profile matches the device).
     """
     from kbench.calibrate import calibrate, calibration_path, default_settings, save_calibration
+    from kbench.outputs import check_output_file, output_error
     from kbench.runner import pick_device
 
     dev = pm.registry.device(pick_device(pm, device))
+    default = calibration_path(dev)
+    check_output_file(output or default, option="-o")  # before minutes of measuring
     settings = default_settings(dev)
     if matmul_size:
         settings = replace(settings, matmul_size=matmul_size)
@@ -39,8 +42,10 @@ def calibrate_command(pm, device, matmul_size, copy_mb, dtypes, max_time, output
         settings = replace(settings, timing=replace(settings.timing, max_time=max_time,
                                                     min_time=min(settings.timing.min_time, max_time)))
     doc = calibrate(dev, settings, on_step=lambda msg: click.echo(f"kbench: measuring {msg}", err=True))
-    default = calibration_path(dev)
-    path = save_calibration(doc, output or default)
+    try:
+        path = save_calibration(doc, output or default)
+    except OSError as exc:
+        raise output_error(output or default, exc, option="-o", kept="the measurement is lost; run again") from None
     datasheet = pm.detect_hardware(dev)  # detection now carries the new measured roofs too
     rows = []
     for m in doc["matmul"]:

@@ -25,11 +25,13 @@ from kbench.tables import FORMATS
               help="Exit 1 when a pair is slower or newly failing (for CI).")
 @click.option("--allow-different-machines", is_flag=True,
               help="Compare results from different machines or hardware profiles anyway.")
+@click.option("--allow-different-suites", is_flag=True,
+              help="Compare results of two different suites anyway (only their common cases are compared).")
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.pass_obj
 def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fail_on_regression,
-                    allow_different_machines, keyword, fmt):
+                    allow_different_machines, allow_different_suites, keyword, fmt):
     """Compare two result files (BASE NEW), or the backends of one RESULT against --baseline.
 
     BASE or NEW may be several runs joined by commas (a.json,b.json): their samples are pooled, so
@@ -44,10 +46,12 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     runs' own spread, and the minimum moved too. See docs/compare.md.
 
     Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
-    failing; 2 on bad input (including results from different machines).
+    failing; 2 on bad input (including results from different machines or of different suites, and a -k
+    that matches nothing).
     """
     from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, \
         both_skipped, group_key_for, is_regression, machine_mismatch, pool_runs, sort_pairs, speedup_vs_baseline
+    from kbench.commands import keep_matching
     from kbench.errors import BadInput
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -58,7 +62,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     sides = [[load_result(path) for path in arg.split(",")] for arg in results]
     for arg, runs in zip(results, sides):
         for path, d in zip(arg.split(","), runs):
-            d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+            d["records"] = keep_matching(kw, d["records"], file=path)
             if not d["complete"]:
                 click.echo(f"kbench: warning: {path} is incomplete "
                            f"({d.get('interrupted') or 'still running or killed'})", err=True)
@@ -84,6 +88,11 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         raise BadInput(f"compare takes BASE and NEW (two result files), got {len(data)}", where="RESULTS",
                        fix="kbench compare BASE.json NEW.json, or kbench compare RESULT.json --baseline BACKEND")
     base, new = data
+    if base["suite"]["name"] != new["suite"]["name"] and not allow_different_suites:
+        raise BadInput(f"the two results are of different suites: {base['suite']['name']!r} ({results[0]}) and "
+                       f"{new['suite']['name']!r} ({results[1]})", where="RESULTS",
+                       fix="compare two runs of one suite, or add --allow-different-suites to compare their "
+                           "common cases")
     why = machine_mismatch(base, new)
     if why and not allow_different_machines:
         check_same_machine(base, new, base_file=results[0], new_file=results[1])

@@ -24,10 +24,18 @@ def report_command(pm, results, output, fmt, baseline, keyword):
     from kbench.results import load_result
     from kbench.selection import Keyword
 
+    from kbench.outputs import check_output_dir, check_output_file, write_text
+    from kbench.commands import keep_matching
+
+    # the output is checked before the (slow) figures are made
+    if fmt == "png":
+        check_output_dir(output or Path("report"), option="-o")
+    else:
+        check_output_file(output or Path("report.html"), option="-o")
     kw = Keyword(keyword)
     datas = [load_result(p) for p in results]
-    for d in datas:
-        d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+    for path, d in zip(results, datas):
+        d["records"] = keep_matching(kw, d["records"], file=path)
     runs = label_runs(results, datas)
     for run in runs[1:]:
         why = machine_mismatch(runs[0].data, run.data)
@@ -44,6 +52,5 @@ def report_command(pm, results, output, fmt, baseline, keyword):
         return
     output = output or Path("report.html")
     html = render_html(runs, figs, table, changes)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(html, encoding="utf-8")
+    write_text(output, html, option="-o")
     click.echo(f"{output} ({len(figs.items)} plots, {sum(len(r.data['records']) for r in runs)} records)")

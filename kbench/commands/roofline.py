@@ -41,6 +41,10 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
     from kbench.roofline import (TABLE_HEADERS, analyze_all, builtin_models, check_dtype, load_models, parse_context,
                                  pick, plot_footprint, plot_quadrants, split_names, table_rows)
 
+    from kbench.outputs import check_output_dir, output_error
+
+    if plot_dir is not None:  # before the analysis: an unwritable directory is refused up front
+        check_output_dir(plot_dir, option="--plots")
     known_models = {m.name: m for m in builtin_models()}
     for path in model_files:
         for m in load_models(path):
@@ -85,8 +89,11 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
             for note in dict.fromkeys(f"note: {r.hardware}: {r.notes}" for r in rows if r.notes):
                 click.echo(note)
     if plot_dir is not None:
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        quad = plot_quadrants(rows, chosen_hw, str(plot_dir / "roofline-quadrants.png"))
-        foot = plot_footprint(chosen_models, chosen_hw, str(plot_dir / "footprint-vs-context.png"), kv=kv,
-                              max_context=max(2_000_000, max(ctx)))
+        target = plot_dir / "roofline-quadrants.png"
+        try:
+            quad = plot_quadrants(rows, chosen_hw, str(target))
+            target = plot_dir / "footprint-vs-context.png"
+            foot = plot_footprint(chosen_models, chosen_hw, str(target), kv=kv, max_context=max(2_000_000, max(ctx)))
+        except OSError as exc:
+            raise output_error(target, exc, option="--plots", kept="the table above is complete") from None
         click.echo(f"\nplots: {quad}, {foot}", err=True)

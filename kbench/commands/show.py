@@ -15,9 +15,10 @@ def show_command(result, fmt, keyword):
     from kbench.results import load_result
     from kbench.selection import Keyword
 
+    from kbench.commands import keep_matching
+
     data = load_result(result)
-    kw = Keyword(keyword)
-    records = [r for r in data["records"] if kw.matches(r["backend"], r["case_id"])]
+    records = keep_matching(Keyword(keyword), data["records"], file=result)
     if fmt in ("table", "markdown"):
         hw = (data.get("hardware") or {}).get("title", "no hardware profile")
         state = "complete" if data["complete"] else f"INCOMPLETE ({data.get('interrupted') or 'still running or killed'})"

@@ -124,13 +124,12 @@ def svg_of(fig) -> str:
 
 
 def write_pngs(figs: Figures, directory: Path, dpi: int = 130) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, (_, _, fig) in figs.items.items():
-        path = directory / f"{name}.png"
-        fig.savefig(path, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
-        paths.append(path)
-    return paths
+    """One PNG per figure in ``directory``; an unwritable directory or a failed write is an OutputError."""
+    from kbench.outputs import check_output_dir, save_figure
+
+    check_output_dir(directory, option="-o")
+    return [save_figure(fig, directory / f"{name}.png", option="-o", format="png", dpi=dpi, bbox_inches="tight",
+                        facecolor="white") for name, (_, _, fig) in figs.items.items()]
 
 
 def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:

@@ -280,10 +280,9 @@ def parse_package_data(name: str, parse):
     """``parse(data, file=)`` of a YAML file shipped in kbench/data/."""
     from importlib import resources
 
-    import yaml
+    from kbench.yamlsource import load_package_yaml
 
-    res = resources.files("kbench").joinpath("data", name)
-    return parse(yaml.safe_load(res.read_text(encoding="utf-8")), file=str(res))
+    return parse(load_package_yaml(name), file=str(resources.files("kbench").joinpath("data", name)))
 
 
 def load_profiles(path: str) -> list[HardwareProfile]:

@@ -45,13 +45,15 @@ def init_command(pm, name, seed, suite, workspace, device):
     lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
     try:
         source = seed.read_text(encoding="utf-8")
-        m = Evaluator(pm, suite, lineage.scratch("runs"), device=device).measure(seed, label="seed")
+        m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
+                                seed, "seed")
         if not m.correct:
             raise BadInput("the seed kernel is not correct on every case of the suite: "
                            + "; ".join(f"{c}: {w}" for c, w in m.failures.items()), file=str(seed),
                            fix="fix the seed (kbench run SUITE -b SEED shows the details)")
         v = lineage.commit(source, {"operator": "seed", "parent": None, "rationale": f"seed {seed}",
-                                    "suite": str(suite), "scores": m.zeroed(), "geomean": m.geomean,
+                                    "suite": lineage.meta["suite"], "suite_origin": lineage.meta["suite_origin"],
+                                    "scores": m.zeroed(), "geomean": m.geomean,
                                     "profile": m.profile, "result_files": [m.result_file]})
     except BaseException:
         shutil.rmtree(lineage.root, ignore_errors=True)
@@ -59,6 +61,18 @@ def init_command(pm, name, seed, suite, workspace, device):
     lineage.log_attempt({"operator": "seed", "outcome": "committed", "version": v.label, "geomean": m.geomean})
     click.echo(f"lineage {name} in {lineage.root}: v1 = {seed} ({m.geomean:.4g} TFLOP/s geomean over "
                f"{len(m.scores)} cases); backend evolved:{name}")
+
+
+def _measure_or_explain(evaluator, kernel, label):
+    """One measurement; an environment that cannot measure is an error message, not a traceback."""
+    from kbench.errors import KbenchError
+    from kbench_evolve.fitness import EnvironmentFailure
+
+    try:
+        return evaluator.measure(kernel, label=label)
+    except EnvironmentFailure as exc:
+        raise KbenchError(f"the harness could not measure {kernel}: {exc}",
+                          fix="fix the environment (sandbox, workers; `kbench doctor`), then run the command again") from None
 
 
 def _budget_options(f):
@@ -69,6 +83,33 @@ def _budget_options(f):
         click.option("--max-cost", type=float, help="Total LLM cost for the run in USD (litellm cost tracking)."),
         click.option("--max-time", type=float, help="Wall-clock seconds for the run (summed over resumes)."),
         click.option("--max-bench-calls", type=int, help="kbench runs (checks, benchmarks, duels) for the run."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _model_options(f):
+    opts = [
+        click.option("--llm-timeout", type=float, help="Seconds per model call [default: 120]."),
+        click.option("--llm-retries", type=int, help="Retries of a transient model error (capped backoff) "
+                                                     "[default: 4]."),
+        click.option("--price-input", type=float, help="USD per million input tokens, for a model litellm "
+                                                       "cannot price (needed with --max-cost)."),
+        click.option("--price-output", type=float, help="USD per million output tokens (with --price-input)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _outage_options(f):
+    opts = [
+        click.option("--unattended/--attended", default=None,
+                     help="Unattended: an outage of the model or of the harness waits with capped backoff and "
+                          "tries again instead of pausing (exit 3), up to --max-outage."),
+        click.option("--max-outage", type=float, help="Seconds an unattended run waits through one outage "
+                                                      "before pausing [default: 86400]."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -92,8 +133,11 @@ def _budget_overrides(**kw):
               help="Interleaved champion/candidate rounds before a commit decision.")
 @click.option("--min-gain", type=float, default=0.0, show_default=True,
               help="Required lower bound of the speedup's 95% CI above 1 (0.02 = 2%).")
-@click.option("--llm-timeout", type=float, default=120.0, show_default=True, help="Seconds per model call.")
-@click.option("--llm-retries", type=int, default=4, show_default=True, help="Retries of a failed model call.")
+@click.option("--screen-ratio", type=float, default=0.9, show_default=True,
+              help="Drop a candidate at screening only when the top of its speedup's 95% CI against the "
+                   "champion, measured in the same run, is below this.")
+@_model_options
+@_outage_options
 @click.option("--script", type=click.Path(dir_okay=False, exists=True), hidden=True,
               help="Replay model responses from a JSON script (tests and demos; model 'kbench-replay/script').")
 @click.option("--restart", is_flag=True, help="Discard an unfinished run's state and start a new run.")
@@ -101,21 +145,28 @@ def _budget_overrides(**kw):
 @DEVICE
 @click.pass_obj
 def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls,
-                model, api_base, knowledge, rounds, min_gain, llm_timeout, llm_retries, script, restart,
-                workspace, device):
-    """Run variation operator OP on lineage NAME until its budgets are spent."""
-    from kbench_evolve.engine import Budget, make_state
+                model, api_base, knowledge, rounds, min_gain, screen_ratio, llm_timeout, llm_retries, price_input,
+                price_output, unattended, max_outage, script, restart, workspace, device):
+    """Run variation operator OP on lineage NAME until its budgets are spent.
+
+    Exit status: 0 when the run ended (finished, budget spent, stalled), 2 on bad input or when the
+    model provider refused the request (credentials, unknown model, bad request; the run is saved:
+    `kbench evolve resume NAME`, maybe with another --model), 3 when paused by an outage.
+    """
+    from kbench_evolve.engine import RESUMABLE, Budget, make_state
     from kbench_evolve.operators import operator_registry
 
     lineage = _lineage(workspace, name)
     old = lineage.load_state()
-    if old and old.get("status") in ("running", "paused", "interrupted") and not restart:
+    if old and old.get("status") in RESUMABLE and not restart:
         raise BadInput(f"lineage {name!r} has an unfinished {old['operator']} run ({old['status']})",
                        fix=f"continue it with `kbench evolve resume {name}`, or start over with --restart")
     cls = operator_registry(pm).get(operator)
     budget = Budget(**_budget_overrides(iterations=iterations, max_steps=max_steps, max_tokens=max_tokens,
                                         max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls))
-    options = {"rounds": rounds, "min_gain": min_gain, "knowledge": list(knowledge), "device": device}
+    options = {"rounds": rounds, "min_gain": min_gain, "screen_ratio": screen_ratio, "knowledge": list(knowledge),
+               "device": device, "unattended": bool(unattended),
+               "max_outage": 86400.0 if max_outage is None else max_outage}
     if cls.uses_llm:
         model = model or os.environ.get("KBENCH_EVOLVE_MODEL")
         if script:
@@ -126,8 +177,33 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
                            fix="pass --model (a litellm model id, e.g. anthropic/claude-sonnet-4-5 or openai/gpt-4.1) "
                                "or set KBENCH_EVOLVE_MODEL, plus the provider's key (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...)")
         options.update({"model": model, "api_base": api_base or os.environ.get("KBENCH_EVOLVE_API_BASE"),
-                        "timeout": llm_timeout, "retries": llm_retries})
+                        "timeout": llm_timeout or 120.0,
+                        "retries": 4 if llm_retries is None else llm_retries})
+        options.update(_prices(price_input, price_output))
+        _preflight(options, budget.max_cost)
+    elif price_input is not None or price_output is not None:
+        raise BadInput(f"--price-input/--price-output are for LLM operators; {operator!r} calls no model",
+                       where="--price-input", fix="drop them")
     _run(pm, lineage, make_state(operator, budget, options))
+
+
+def _prices(price_input, price_output) -> dict:
+    if (price_input is None) != (price_output is None):
+        raise BadInput("give both --price-input and --price-output (USD per million tokens)", where="--price-input",
+                       fix="e.g. --price-input 3 --price-output 15; 0 and 0 for a free local model")
+    if price_input is None:
+        return {}
+    if price_input < 0 or price_output < 0:
+        raise BadInput("prices cannot be negative", where="--price-input", fix="USD per million tokens, >= 0")
+    return {"price_input": price_input, "price_output": price_output}
+
+
+def _preflight(options: dict, max_cost) -> None:
+    """A missing API key or an unpriced model under --max-cost: refused before anything runs (exit 2)."""
+    from kbench_evolve.llm import preflight
+
+    prices = (options["price_input"], options["price_output"]) if "price_input" in options else None
+    preflight(options["model"], options.get("api_base"), max_cost=max_cost, prices=prices)
 
 
 def _run(pm, lineage, state):
@@ -144,35 +220,68 @@ def _run(pm, lineage, state):
     champ = lineage.champion()
     s = state["spent"]
     click.echo(f"{status}: {s['iterations']} variations, {s['commits']} commits, {s['bench_calls']} benchmark "
-               f"runs, {s['tokens']} tokens, ${s['cost']:.4f}, {s['time']:.0f} s; champion {champ.label} "
+               f"runs, {s['tokens']} tokens, {cost_text(s)}, {s['time']:.0f} s; champion {champ.label} "
                f"{champ.geomean:.4g} TFLOP/s (backend evolved:{lineage.name})")
-    if status == "paused":
+    if status in ("paused", "environment"):
         sys.exit(3)
+
+
+def cost_text(spent: dict) -> str:
+    """The run's model cost: unknown when any call could not be priced, never a silent $0."""
+    unpriced = int(spent.get("unpriced_calls") or 0)
+    if unpriced:
+        return f"cost unknown ({unpriced} unpriced model calls; ${spent['cost']:.4f} for the priced ones)"
+    return f"${spent['cost']:.4f}"
 
 
 @evolve_group.command("resume")
 @click.argument("name")
 @_budget_options
+@click.option("--model", help="Continue with another litellm model id (recorded in the run's state).")
+@click.option("--api-base", help="Continue with another API base URL (recorded).")
+@_model_options
+@_outage_options
 @WORKSPACE
 @click.pass_obj
-def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls, workspace):
-    """Continue NAME's last run where it stopped (killed, paused by an outage, or out of budget).
+def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls, model,
+                   api_base, llm_timeout, llm_retries, price_input, price_output, unattended, max_outage, workspace):
+    """Continue NAME's last run where it stopped (killed, paused by an outage, refused by the provider,
+    or out of budget).
 
-    Budget options given here replace the run's (e.g. a larger --iterations to go on after it finished).
+    Budget options given here replace the run's (e.g. a larger --iterations to go on after it finished);
+    model options (--model, --api-base, --llm-timeout, --llm-retries, prices, --unattended) replace the
+    run's and each change is recorded in the state's `changes`.
     """
+    from kbench_evolve.engine import RESUMABLE
+    from kbench_evolve.operators import operator_registry
+    from kbench_evolve.store import now_iso
+
     lineage = _lineage(workspace, name)
     state = lineage.load_state()
     if not state:
         raise BadInput(f"lineage {name!r} has no run to resume", fix=f"start one with `kbench evolve run {name}`")
     overrides = _budget_overrides(iterations=iterations, max_steps=max_steps, max_tokens=max_tokens,
                                   max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls)
+    option_changes = {k: v for k, v in {"model": model, "api_base": api_base, "timeout": llm_timeout,
+                                         "retries": llm_retries, "unattended": unattended,
+                                         "max_outage": max_outage, **_prices(price_input, price_output)}.items()
+                      if v is not None and state["options"].get(k) != v}
     state["budget"] = {**state["budget"], **overrides}
-    if state.get("status") in ("finished", "budget", "stalled") and not overrides:
+    if state.get("status") not in RESUMABLE and not overrides:
         click.echo(f"the last {state['operator']} run of {name} ended ({state['status']}); give a larger budget "
                    f"(e.g. --iterations) to continue it")
         return
+    if option_changes:
+        state.setdefault("changes", []).append({"time": now_iso(), "from": {k: state["options"].get(k)
+                                                                             for k in option_changes},
+                                                "to": option_changes})
+        state["options"] = {**state["options"], **option_changes}
+    if operator_registry(pm).get(state["operator"]).uses_llm:
+        _preflight(state["options"], state["budget"].get("max_cost"))
     click.echo(f"resuming the {state['operator']} run of {name} (status {state.get('status')}, "
-               f"{state['spent']['iterations']} variations done)")
+               f"{state['spent']['iterations']} variations done"
+               + (f"; now {', '.join(f'{k}={v}' for k, v in option_changes.items())}" if option_changes else "")
+               + ")")
     _run(pm, lineage, state)
 
 
@@ -269,14 +378,17 @@ def transfer_command(pm, name, suite, workspace, device):
 
     lineage = _lineage(workspace, name)
     champ = lineage.champion()
-    m = Evaluator(pm, suite, lineage.scratch("runs"), device=device).measure(champ.kernel_path, label="transfer")
+    stored = lineage.adopt_suite(suite)
+    m = _measure_or_explain(Evaluator(pm, lineage.suite_path(stored), lineage.scratch("runs"), device=device),
+                            champ.kernel_path, "transfer")
     if not m.correct:
         lineage.log_attempt({"operator": "transfer", "outcome": "rejected", "suite": str(suite),
                              "reason": "incorrect on the new suite: " + "; ".join(m.failures.values())})
         raise BadInput(f"the champion {champ.label} is not correct on every case of {suite}: "
                        + "; ".join(f"{c}: {w}" for c, w in list(m.failures.items())[:3]),
                        fix="fix the kernel (or evolve it with an LLM operator on the new suite)")
-    v = lineage.commit(champ.source, {"operator": "transfer", "parent": champ.number, "suite": str(suite),
+    v = lineage.commit(champ.source, {"operator": "transfer", "parent": champ.number, "suite": stored,
+                                      "suite_origin": str(Path(suite).resolve()),
                                       "rationale": f"transfer from {champ.meta.get('suite')} to {suite}",
                                       "scores": m.zeroed(), "geomean": m.geomean, "profile": m.profile,
                                       "result_files": [m.result_file]})

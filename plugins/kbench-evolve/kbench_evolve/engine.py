@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from kbench.errors import BadInput
+
 from kbench_evolve import source as src
-from kbench_evolve.fitness import Evaluator, Measurement
+from kbench_evolve.fitness import EnvironmentFailure, Evaluator, Measurement, screen_verdict
 from kbench_evolve.store import Lineage, Version, now_iso
 
 
@@ -31,7 +33,18 @@ class BudgetExhausted(Exception):
 
 
 class LLMUnavailable(Exception):
-    """The model could not be reached after the retries: the run pauses, the lineage is untouched."""
+    """The model could not be reached after the retries: the run pauses (or, unattended, waits), the
+    lineage is untouched."""
+
+
+class ProviderRejected(BadInput):
+    """The provider refused the request for a reason retrying cannot fix (bad credentials, unknown model,
+    bad request): the run stops with exit 2, its state saved as ``provider-error`` and resumable, e.g.
+    with another ``--model``."""
+
+
+#: run states `kbench evolve resume` continues without a larger budget
+RESUMABLE = ("running", "paused", "interrupted", "provider-error", "environment")
 
 
 @dataclass
@@ -54,6 +67,7 @@ class Spent:
     steps: int = 0                      # in the current variation
     tokens: int = 0
     cost: float = 0.0
+    unpriced_calls: int = 0             # model calls whose cost is unknown (never counted as $0)
     time: float = 0.0
     bench_calls: int = 0
     commits: int = 0
@@ -162,11 +176,17 @@ class VariationContext:
         self.save()
         return m
 
-    def benchmark(self, source: str, keyword: str | None = None) -> Measurement:
+    def benchmark(self, source: str, keyword: str | None = None) -> tuple[Measurement, Measurement]:
+        """The candidate and the champion measured in the same run (case by case): (champion, candidate)."""
         self._bench_call()
-        m = self.evaluator.measure(self._candidate_file(source), label="bench", keyword=keyword)
+        pair = self.evaluator.measure_pair(self.champion().kernel_path, self._candidate_file(source),
+                                           label="bench", keyword=keyword)
         self.save()
-        return m
+        return pair
+
+    def submit_cost(self) -> int:
+        """kbench runs one submit takes (each runs the champion and the candidate side by side)."""
+        return self.evaluator.rounds
 
     def attempted(self, sha: str) -> dict[str, Any] | None:
         for a in self.lineage.attempts():
@@ -196,32 +216,47 @@ class VariationContext:
             return fail(f"identical to a candidate tried at {seen.get('time')} ({seen.get('reason', '')[:80]})")
         self._bench_call()
         path = self._candidate_file(source)
-        screen = self.evaluator.measure(path, label="screen")
+        try:
+            champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen")
+        except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
+            self.lineage.log_attempt({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self.save()
+            raise
         self.save()
         if not screen.correct:
             reasons = "; ".join(f"{c}: {w}" for c, w in list(screen.failures.items())[:3])
             return fail(f"incorrect: {reasons}", scores=screen.zeroed(), result_file=screen.result_file)
-        # a candidate clearly slower than the champion's recorded score is not worth a duel
-        if screen.geomean < champion.geomean * 0.9:
-            return fail(f"slower on screening: geomean {screen.geomean:.4g} vs champion {champion.geomean:.4g} "
-                        f"TFLOP/s", scores=screen.zeroed(), result_file=screen.result_file)
+        keep, why = screen_verdict(champ_screen.samples, screen.samples, ratio=self.evaluator.screen_ratio,
+                                   seed=zlib.crc32(sha.encode()))
+        if not keep:
+            return fail(why, scores=screen.zeroed(), result_file=screen.result_file,
+                        champion_remeasured=champ_screen.geomean)
+        extra_runs = self.evaluator.rounds - 1
+        if extra_runs:
+            try:
+                for _ in range(extra_runs):
+                    self._bench_call()
+            except BudgetExhausted as exc:  # measured once, no decision: logged, and tried again on resume
+                self.lineage.log_attempt({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
+                                          "scores": screen.zeroed(), "result_file": screen.result_file})
+                raise
         try:
-            self._bench_call()
-        except BudgetExhausted as exc:  # measured once, no decision: logged, and tried again on resume
-            self.lineage.log_attempt({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
-                                      "scores": screen.zeroed(), "result_file": screen.result_file})
+            decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()),
+                                           first=(champ_screen, screen))
+        except EnvironmentFailure as exc:
+            self.lineage.log_attempt({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self.save()
             raise
-        self.spent.bench_calls += 2 * self.evaluator.rounds - 2  # the screening run is the duel's first B
-        decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()), first=screen)
         self.save()
         dj = decision.to_json()
         if not decision.commit:
             return fail(decision.reason, decision=dj, scores=decision.candidate.zeroed() if decision.candidate else {})
         cand = decision.candidate
         meta = {"operator": self.operator, "parent": champion.number, "rationale": rationale, "sha": sha,
-                "suite": self.lineage.current_suite(), "scores": cand.zeroed(), "geomean": cand.geomean,
+                "suite": self.lineage.current_suite_record(),
+                "suite_origin": champion.meta.get("suite_origin"), "scores": cand.zeroed(), "geomean": cand.geomean,
                 "profile": cand.profile, "champion_remeasured": decision.champion.geomean,
-                "decision": dj, "result_files": [screen.result_file], "created": now_iso(), **(extra or {})}
+                "decision": dj, "result_files": sorted({m.result_file for m in (screen, cand) if m.result_file}), "created": now_iso(), **(extra or {})}
         version = self.lineage.commit(source, meta)
         self.spent.commits += 1
         self.lineage.log_attempt({**base, "outcome": "committed", "version": version.label,
@@ -236,28 +271,48 @@ def make_state(operator: str, budget: Budget, options: dict[str, Any]) -> dict[s
             "status": "running", "started": now_iso(), "variation": {}}
 
 
+#: outage waiting of an --unattended run: first wait, cap of one wait, and the default limit of waiting in a row
+OUTAGE_FIRST_WAIT = 30.0
+OUTAGE_WAIT_CAP = 1800.0
+OUTAGE_LIMIT = 24 * 3600.0
+
+
 def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = "auto", knowledge=None,
-                  echo: Callable[[str], None] = print, operator_obj=None) -> str:
+                  echo: Callable[[str], None] = print, operator_obj=None, sleep: Callable[[float], None] = time.sleep
+                  ) -> str:
     """Run (or continue) the operator run described by ``state``; returns its final status.
 
     Statuses: ``finished`` (all iterations done), ``budget`` (a budget ran out), ``paused`` (the
-    model was unreachable; resume later), ``stalled`` (the operator had nothing left to try); a
-    Ctrl-C or SIGTERM leaves ``interrupted`` and re-raises. All but ``finished`` can be resumed.
+    model was unreachable; resume later), ``environment`` (the harness could not measure; resume
+    when fixed), ``stalled`` (the operator had nothing left to try); a Ctrl-C or SIGTERM leaves
+    ``interrupted`` and re-raises; a provider refusal (credentials, unknown model, bad request)
+    leaves ``provider-error`` and raises :class:`ProviderRejected` (exit 2). All can be resumed.
+
+    With ``options["unattended"]`` an outage (model or environment) does not pause the run: it waits
+    with capped exponential backoff and tries the variation again, until ``options["max_outage"]``
+    seconds of waiting in a row; the waits are recorded in ``state["outages"]``.
     """
     from kbench_evolve.operators import operator_registry
 
     name = state["operator"]
+    opts = state.get("options", {})
     budget = Budget.from_json(state["budget"])
     spent = Spent.from_json(state.get("spent", {}))
-    op = operator_obj or operator_registry(pm).get(name)(**state.get("options", {}))
+    op = operator_obj or operator_registry(pm).get(name)(**opts)
     evaluator = Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device,
-                          rounds=int(state.get("options", {}).get("rounds", 2)),
-                          min_gain=float(state.get("options", {}).get("min_gain", 0.0)))
+                          rounds=int(opts.get("rounds", 2)), min_gain=float(opts.get("min_gain", 0.0)),
+                          screen_ratio=float(opts.get("screen_ratio", 0.9)),
+                          infra_retries=int(opts.get("infra_retries", 2)),
+                          infra_backoff=float(opts.get("infra_backoff", 5.0)), sleep=sleep)
     ctx = VariationContext(pm, lineage, evaluator, budget, spent, state, name, knowledge=knowledge, echo=echo,
                            spent_time_before=spent.time)
     state["status"] = "running"
     ctx.save()
     status = "finished"
+    unattended = bool(opts.get("unattended"))
+    max_outage = float(opts.get("max_outage", OUTAGE_LIMIT))
+    wait = float(opts.get("outage_first_wait", OUTAGE_FIRST_WAIT))
+    waited = 0.0
     while spent.iterations < budget.iterations:
         why = ctx.exhausted()
         if why:
@@ -272,15 +327,33 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
             echo(f"stop: {exc}")
             status = "budget"
             break
-        except LLMUnavailable as exc:
+        except (LLMUnavailable, EnvironmentFailure) as exc:
+            kind = "model" if isinstance(exc, LLMUnavailable) else "environment"
+            if unattended and waited + wait <= max_outage:
+                echo(f"  ! {kind} outage: {str(exc)[:200]}; unattended: waiting {wait:.0f} s "
+                     f"({waited:.0f} s of at most {max_outage:.0f} s waited so far), then trying again")
+                state.setdefault("outages", []).append({"time": now_iso(), "kind": kind, "wait_s": wait,
+                                                        "error": str(exc)[:300]})
+                ctx.save()
+                sleep(wait)
+                waited += wait
+                wait = min(wait * 2, float(opts.get("outage_wait_cap", OUTAGE_WAIT_CAP)))
+                continue
+            status = "paused" if kind == "model" else "environment"
             echo(f"paused: {exc}; the lineage is intact, continue with `kbench evolve resume {lineage.name}`")
-            status = "paused"
             break
+        except ProviderRejected as exc:
+            state["status"] = "provider-error"
+            state["error"] = {"time": now_iso(), "message": exc.message[:500]}
+            state["ended"] = now_iso()
+            ctx.save()
+            raise
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into RunInterrupted by the runner
             state["status"] = "interrupted"
             ctx.save()
             echo(f"interrupted; continue with `kbench evolve resume {lineage.name}`")
             raise
+        waited, wait = 0.0, float(opts.get("outage_first_wait", OUTAGE_FIRST_WAIT))
         echo(f"  = {summary}")
         spent.iterations += 1
         spent.steps = 0

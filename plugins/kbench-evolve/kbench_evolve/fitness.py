@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,30 @@ from kbench.suite import Suite, load_suite, suite_from_data
 #: timing for a correctness-only run: every case is still executed and checked, barely timed
 CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.001,
                 "target_rel_se": 1.0, "rotate": 1}
+
+
+#: a candidate is dropped at screening only when even the top of its speedup's 95% interval against the
+#: champion, measured in the same run, is below this (clearly slower, not merely noisy)
+SCREEN_RATIO = 0.9
+
+
+class EnvironmentFailure(Exception):
+    """The harness could not measure (a worker that did not start, no sandbox, a broken channel, the
+    champion itself failing): nobody's kernel is to blame, so no candidate is marked or blacklisted."""
+
+
+def infrastructure_reason(record: dict[str, Any]) -> str | None:
+    """Why a record failed for reasons of the environment, not the kernel; None when the kernel is to blame.
+
+    The core marks such records ``cause: infrastructure``; a worker that failed to start is one too
+    (its setup is the same for every kernel: no candidate code has run yet).
+    """
+    reason = str(record.get("reason") or "")
+    if record.get("cause") == "infrastructure":
+        return reason or "infrastructure"
+    if record.get("status") == Status.ERROR.value and reason.startswith("worker failed to start"):
+        return reason
+    return None
 
 
 def geomean(values: list[float]) -> float:
@@ -42,6 +67,7 @@ class Measurement:
     samples: dict[str, list[float]] = field(default_factory=dict)   # case id -> seconds
     flops: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)          # case id -> "status: reason"
+    infrastructure: dict[str, str] = field(default_factory=dict)    # case id -> why the harness could not measure
     profile: dict[str, dict[str, Any]] = field(default_factory=dict)  # case id -> roofline metrics
 
     @property
@@ -59,7 +85,8 @@ class Measurement:
     def merge(self, other: Measurement) -> Measurement:
         """Pool the samples of two runs of the same kernel (scores recomputed from pooled medians)."""
         out = Measurement(self.kernel, other.result_file, flops={**self.flops, **other.flops},
-                          failures={**self.failures, **other.failures}, profile={**self.profile, **other.profile})
+                          failures={**self.failures, **other.failures},
+                          infrastructure={**self.infrastructure, **other.infrastructure}, profile={**self.profile, **other.profile})
         for case in set(self.samples) | set(other.samples):
             out.samples[case] = self.samples.get(case, []) + other.samples.get(case, [])
         for case in set(self.scores) | set(other.scores):
@@ -78,6 +105,10 @@ def measurement_from_records(kernel: str, result_file: str | None, records: list
     for rec in records:
         case = rec["case_id"]
         m.scores.setdefault(case, 0.0)
+        infra = infrastructure_reason(rec)
+        if infra:
+            m.infrastructure[case] = infra
+            continue
         if rec["status"] != Status.PASSED.value:
             m.failures[case] = f"{rec['status']}: {rec.get('reason') or ''}".strip()
             continue
@@ -130,18 +161,46 @@ def speedup_interval(champ: dict[str, list[float]], cand: dict[str, list[float]]
     return point, (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
+def screen_verdict(champ: dict[str, list[float]], cand: dict[str, list[float]], *, ratio: float = SCREEN_RATIO,
+                   seed: int = 0) -> tuple[bool, str]:
+    """Screening: keep the candidate unless it is clearly slower than the champion measured alongside.
+
+    Dropped only when the upper end of the bootstrap 95% interval of the speedup is below ``ratio``: a
+    copy of the champion measures at 1x give or take the noise of one run, so it goes on to the duel.
+    """
+    point, ci = speedup_interval(champ, cand, seed=seed, n_resamples=1000)
+    text = f"speedup {point:.3f}x, 95% CI [{ci[0]:.3f}, {ci[1]:.3f}] against the champion measured alongside"
+    if ci[1] < ratio:
+        return False, f"clearly slower at screening: {text} (below {ratio:g}x)"
+    return True, text
+
+
 class Evaluator:
-    """Runs kernel files over the lineage's suite with the core runner and turns records into fitness."""
+    """Runs kernel files over the lineage's suite with the core runner and turns records into fitness.
+
+    Champion and candidate are measured in the same kbench run whenever they are compared (the
+    runner goes case by case, so each case of one is timed right beside the same case of the other),
+    never against a score stored under other conditions. A run the environment spoiled (records of
+    ``cause: infrastructure``) is retried ``infra_retries`` times with capped backoff, then raises
+    :class:`EnvironmentFailure`.
+    """
 
     def __init__(self, pm, suite: str | Path | Suite, runs_dir: Path, *, device: str = "auto",
-                 min_gain: float = 0.0, rounds: int = 2, on_run=None) -> None:
+                 min_gain: float = 0.0, rounds: int = 2, on_run=None, infra_retries: int = 2,
+                 infra_backoff: float = 5.0, infra_backoff_cap: float = 120.0, screen_ratio: float = SCREEN_RATIO,
+                 sleep=time.sleep) -> None:
         self.pm = pm
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         self.runs_dir = Path(runs_dir)
         self.device = device
         self.min_gain = min_gain
-        self.rounds = rounds
+        self.rounds = max(1, rounds)
         self.on_run = on_run  # called after each benchmark run (budget accounting)
+        self.infra_retries = infra_retries
+        self.infra_backoff = infra_backoff
+        self.infra_backoff_cap = infra_backoff_cap
+        self.screen_ratio = screen_ratio
+        self.sleep = sleep
 
     def _suite(self, check_only: bool) -> Suite:
         if not check_only:
@@ -153,50 +212,89 @@ class Evaluator:
                 per["timing"] = {**per["timing"], **CHECK_TIMING}
         return suite_from_data(data, path=self.suite.path)
 
-    def measure(self, kernel: str | Path, *, label: str, keyword: str | None = None,
-                check_only: bool = False) -> Measurement:
+    def _run_once(self, kernels: list[str], *, label: str, keyword: str | None,
+                  check_only: bool) -> list[Measurement]:
+        from kbench.errors import KbenchError
         from kbench.runner import RunRequest, plan_run, run_suite
 
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         output = self.runs_dir / f"{stamp}-{label}.json"
-        # "!*" selects no registered backend: only the kernel file runs
+        # "!*" selects no registered backend: only the kernel files run
         req = RunRequest(suite=self._suite(check_only), device=self.device, backend_patterns=["!*"],
-                         kernel_files=[str(kernel)], keyword=keyword, output=output)
+                         kernel_files=kernels, keyword=keyword, output=output)
         try:
             planned = plan_run(self.pm, req)
-        except Exception as exc:  # noqa: BLE001 - a candidate that does not even load is a failed attempt
-            m = Measurement(str(kernel), None)
+        except KbenchError as exc:  # a candidate that does not even load is a failed attempt
+            if len(kernels) > 1:
+                raise
+            m = Measurement(kernels[0], None)
             m.failures["(load)"] = f"{type(exc).__name__}: {exc}"
-            return m
+            return [m]
+        except OSError as exc:  # the disk, a lock, a directory: the environment's
+            raise EnvironmentFailure(f"the run could not be planned: {type(exc).__name__}: {exc}") from exc
+        names = [b.name for b in planned.backends]
+        if len(set(names)) != len(names):  # two files declaring the same NAME: measure them one by one
+            return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only)[0]
+                    for i, k in enumerate(kernels)]
         writer = run_suite(self.pm, planned)
         if self.on_run is not None:
             self.on_run()
-        return measurement_from_records(str(kernel), str(output), writer.records)
+        return [measurement_from_records(k, str(output), [r for r in writer.records if r["backend"] == name])
+                for k, name in zip(kernels, names)]
+
+    def run(self, kernels: list[str | Path], *, label: str, keyword: str | None = None,
+            check_only: bool = False) -> list[Measurement]:
+        """One kbench run of ``kernels`` together, retried while the environment spoils it."""
+        wait = self.infra_backoff
+        for attempt in range(self.infra_retries + 1):
+            ms = self._run_once([str(k) for k in kernels], label=label, keyword=keyword, check_only=check_only)
+            broken = {c: why for m in ms for c, why in m.infrastructure.items()}
+            if not broken:
+                return ms
+            if attempt < self.infra_retries:
+                self.sleep(wait)
+                wait = min(wait * 2, self.infra_backoff_cap)
+        case, why = next(iter(broken.items()))
+        raise EnvironmentFailure(f"the harness could not measure ({len(broken)} cases, {self.infra_retries + 1} "
+                                 f"tries): {case}: {why[:300]}")
+
+    def measure(self, kernel: str | Path, *, label: str, keyword: str | None = None,
+                check_only: bool = False) -> Measurement:
+        return self.run([kernel], label=label, keyword=keyword, check_only=check_only)[0]
+
+    def measure_pair(self, champion: str | Path, candidate: str | Path, *, label: str, keyword: str | None = None,
+                     candidate_first: bool = False) -> tuple[Measurement, Measurement]:
+        """Champion and candidate in one run, case by case: the same conditions for both."""
+        if candidate_first:
+            b, a = self.run([candidate, champion], label=label, keyword=keyword)
+        else:
+            a, b = self.run([champion, candidate], label=label, keyword=keyword)
+        if not a.correct and a.failures and b.correct:
+            # the champion was correct when committed: failing now means the environment changed
+            raise EnvironmentFailure("the champion itself failed on re-measurement (environment changed?): "
+                                     + "; ".join(list(a.failures.values())[:2]))
+        return a, b
 
     def duel(self, champion: str | Path, candidate: str | Path, *, seed: int = 0,
-             first: Measurement | None = None) -> Decision:
+             first: tuple[Measurement, Measurement] | None = None) -> Decision:
         """Interleaved re-measurement, then the bootstrap decision.
 
-        With ``first`` (the candidate's screening run, just made) the order is B A, A B, A B, ...:
-        balanced against drift, and one run cheaper than A B, A B, ...
+        Each round is one run of both kernels, case by case; rounds alternate which goes first,
+        against drift. ``first`` is the screening round already made (champion first).
         """
         from scipy import stats
 
-        champ_m: Measurement | None = None
-        cand_m: Measurement | None = first
-        for r in range(self.rounds):
-            a = self.measure(champion, label=f"champion-r{r}")
+        champ_m, cand_m = first if first is not None else (None, None)
+        for r in range(0 if first is None else 1, self.rounds):
+            a, b = self.measure_pair(champion, candidate, label=f"duel-r{r}", candidate_first=r % 2 == 1)
             champ_m = a if champ_m is None else champ_m.merge(a)
-            if r > 0 or first is None:
-                b = self.measure(candidate, label=f"candidate-r{r}")
-                cand_m = b if cand_m is None else cand_m.merge(b)
+            cand_m = b if cand_m is None else cand_m.merge(b)
             if not cand_m.correct:
-                return Decision(False, "incorrect: " + "; ".join(f"{c}: {why}" for c, why in
-                                                                 list(cand_m.failures.items())[:3]),
-                                champion=champ_m, candidate=cand_m)
-        if not champ_m.correct:
-            return Decision(False, "the champion itself failed on re-measurement (environment changed?): "
-                            + "; ".join(list(champ_m.failures.values())[:2]), champion=champ_m, candidate=cand_m)
+                break
+        if not cand_m.correct:
+            return Decision(False, "incorrect: " + "; ".join(f"{c}: {why}" for c, why in
+                                                             list(cand_m.failures.items())[:3]),
+                            champion=champ_m, candidate=cand_m)
         point, ci = speedup_interval(champ_m.samples, cand_m.samples, seed=seed)
         p_values = {}
         for case in sorted(cand_m.samples):

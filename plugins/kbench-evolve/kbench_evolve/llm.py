@@ -1,22 +1,36 @@
-"""Model calls through litellm: retries with backoff, timeouts, token and cost accounting.
+"""Model calls through litellm: every provider error classified, capped backoff, token and cost accounting.
 
 litellm is imported here, lazily, with ``LITELLM_LOCAL_MODEL_COST_MAP=True`` so that importing it
-touches no network. Transient errors (rate limits, timeouts, connection and server errors) are
-retried with exponential backoff; when the retries run out the call raises
-:class:`~kbench_evolve.engine.LLMUnavailable`, which pauses the run without touching the lineage.
-The model and key come from ``--model`` / ``KBENCH_EVOLVE_MODEL`` and the provider's usual
-environment variable (``ANTHROPIC_API_KEY``, ``OPENAI_API_KEY``, ...), read by litellm itself.
+touches no network. Each failed call is classified (:func:`classify`) and logged with a timestamp
+in ``llm-errors.jsonl``:
+
+- ``transient`` (rate limit, timeout, connection, 5xx): retried with exponential backoff capped at
+  ``max_backoff``; when the retries run out :class:`~kbench_evolve.engine.LLMUnavailable` pauses
+  the run (or, ``--unattended``, makes it wait and try again), the lineage untouched;
+- ``overflow`` (the context window is exceeded): the caller's ``compact`` shrinks the conversation
+  and the call is made again; when nothing is left to shrink it becomes ``fatal``;
+- ``fatal`` (bad credentials, unknown model, bad request, ...): :class:`~kbench_evolve.engine.ProviderRejected`,
+  exit 2 with the provider's message; the run's state is saved and ``resume`` (maybe with another
+  ``--model``) continues it.
+
+Before the first call :func:`preflight` refuses a model whose API key variable is not set, and a
+``--max-cost`` budget for a model whose price nobody knows (neither litellm's table, litellm custom
+pricing, nor ``--price-input/--price-output``): an unpriced call is counted as unknown, never as $0.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from kbench.errors import BadInput
 
-from kbench_evolve.engine import LLMUnavailable
+from kbench_evolve.engine import LLMUnavailable, ProviderRejected
+from kbench_evolve.store import append_jsonl, now_iso
+
+KEY_HINT = ("export the provider's key variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...); a local "
+            "OpenAI-compatible server that checks no key still needs OPENAI_API_KEY set to any value")
 
 
 def import_litellm():
@@ -27,9 +41,27 @@ def import_litellm():
     return litellm
 
 
-def _transient(litellm) -> tuple[type[BaseException], ...]:
-    return (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
-            litellm.ServiceUnavailableError, litellm.InternalServerError)
+def classify(litellm, exc: BaseException) -> str:
+    """``transient``, ``overflow`` or ``fatal`` for an exception of ``litellm.completion``."""
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return "overflow"
+    transient = (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
+                 litellm.ServiceUnavailableError, litellm.InternalServerError, litellm.BadGatewayError)
+    if isinstance(exc, transient):
+        return "transient"
+    if isinstance(exc, (litellm.BadRequestError, litellm.AuthenticationError, litellm.PermissionDeniedError,
+                        litellm.NotFoundError, litellm.UnprocessableEntityError)):
+        text = str(exc).lower()
+        if any(w in text for w in ("context length", "context window", "maximum context", "too many tokens",
+                                   "prompt is too long")):
+            return "overflow"
+        return "fatal"
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return "transient" if status >= 500 or status in (408, 409, 429) else "fatal"
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return "transient"
+    return "fatal"  # a configuration error of the client (no key, bad URL): retrying cannot fix it
 
 
 def message_to_dict(message: Any) -> dict[str, Any]:
@@ -43,71 +75,158 @@ def message_to_dict(message: Any) -> dict[str, Any]:
     return out
 
 
+def uses_cache_control(model: str) -> bool:
+    """Providers that cache a prompt prefix only where the request marks it (Anthropic's models);
+    OpenAI-style providers cache long prefixes automatically."""
+    m = model.lower()
+    return m.startswith(("anthropic/", "bedrock/anthropic", "vertex_ai/claude")) or m.startswith("claude")
+
+
+def with_cache_control(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy with ``cache_control`` breakpoints on the system prompt, the brief and the newest message
+    (at most 3 of Anthropic's 4): each call then re-reads the conversation so far from the cache."""
+    out = [dict(m) for m in messages]
+    marks = {0, 1, len(out) - 1} if len(out) > 1 else {0}
+    for i in sorted(marks):
+        m = out[i]
+        if isinstance(m.get("content"), str) and m["content"]:
+            m["content"] = [{"type": "text", "text": m["content"], "cache_control": {"type": "ephemeral"}}]
+    return out
+
+
+def model_priced(litellm, model: str) -> bool:
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # noqa: BLE001 - litellm raises for models it does not know
+        return False
+    return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+
+
+def preflight(model: str, api_base: str | None, *, max_cost: float | None,
+              prices: tuple[float, float] | None) -> None:
+    """Refuse at once what would otherwise fail later: a missing API key, an unpriced model under --max-cost."""
+    litellm = import_litellm()
+    if model.startswith("kbench-replay/"):
+        return
+    try:
+        env = litellm.validate_environment(model=model, api_base=api_base)
+    except Exception:  # noqa: BLE001 - a provider litellm cannot check: the first call will say
+        env = {"missing_keys": []}
+    missing = [k for k in env.get("missing_keys") or []
+               if not (api_base and k.upper().endswith(("_API_BASE", "_BASE_URL", "_BASE")))]
+    if missing:
+        raise BadInput(f"no API key for model {model}: {', '.join(missing)} is not set", where="--model",
+                       fix=KEY_HINT)
+    if max_cost is not None and prices is None and not model_priced(litellm, model):
+        raise BadInput(f"--max-cost needs the price of {model}, which litellm's price table does not know "
+                       f"(a self-hosted or new model): its cost would be unknown and the budget never reached",
+                       where="--max-cost",
+                       fix="give --price-input and --price-output (USD per million tokens; 0 for a free local "
+                           "model), register the model with litellm custom pricing, or use --max-tokens")
+
+
 class LLMClient:
     """One model, with the run's budgets: every call is accounted in ``ctx.spent``."""
 
     def __init__(self, ctx, *, model: str, api_base: str | None = None, timeout: float = 120.0,
-                 retries: int = 4, backoff: float = 2.0, **_ignored: Any) -> None:
+                 retries: int = 4, backoff: float = 2.0, max_backoff: float = 300.0,
+                 price_input: float | None = None, price_output: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep, **_ignored: Any) -> None:
         self.ctx = ctx
         self.model = model
         self.api_base = api_base
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self.cost_known = True
+        self.max_backoff = max_backoff
+        self.prices = (price_input, price_output) if price_input is not None and price_output is not None else None
+        self.sleep = sleep
+        self.last_call: dict[str, Any] = {}
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                 compact: Callable[[list[dict[str, Any]]], bool] | None = None) -> dict[str, Any]:
+        """One model reply as a message dict. ``compact(messages)`` shrinks the conversation in place
+        after a context overflow (True when it removed something)."""
         litellm = import_litellm()
-        transient = _transient(litellm)
         last: BaseException | None = None
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        overflows = 0
+        while attempt <= self.retries:
             self.ctx.check_budget()
-            kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "timeout": self.timeout,
-                                      "num_retries": 0}
+            kwargs: dict[str, Any] = {"model": self.model, "timeout": self.timeout, "num_retries": 0,
+                                      "max_retries": 0,
+                                      "messages": with_cache_control(messages) if uses_cache_control(self.model)
+                                      else messages}
             if tools:
                 kwargs["tools"] = tools
             if self.api_base:
                 kwargs["api_base"] = self.api_base
+            started = time.time()
             try:
                 response = litellm.completion(**kwargs)
-            except transient as exc:
+            except Exception as exc:  # noqa: BLE001 - every provider error is classified below
+                kind = classify(litellm, exc)
+                self._log_error(exc, attempt, kind)
+                if kind == "overflow" and compact is not None and overflows < 4 and compact(messages):
+                    overflows += 1
+                    self.ctx.echo(f"  ! context window exceeded: conversation compacted, call repeated "
+                                  f"({_short(exc)})")
+                    continue
+                if kind in ("fatal", "overflow"):
+                    what = "context window exceeded and nothing left to compact" if kind == "overflow" else \
+                        "the model provider refused the request"
+                    raise ProviderRejected(f"{what} ({type(exc).__name__}): {_short(exc, 400)}",
+                                           where="--model",
+                                           fix=f"check --model ({self.model}), --api-base and the key "
+                                               f"({KEY_HINT}); then `kbench evolve resume "
+                                               f"{self.ctx.lineage.name}`, which may change --model") from None
                 last = exc
-                self._log_error(exc, attempt)
                 if attempt < self.retries:
-                    wait = self.backoff * 2 ** attempt
-                    self.ctx.echo(f"  ! model call failed ({type(exc).__name__}: {str(exc)[:120]}); "
+                    wait = min(self.backoff * 2 ** attempt, self.max_backoff)
+                    self.ctx.echo(f"  ! model call failed ({type(exc).__name__}: {_short(exc, 120)}); "
                                   f"retry {attempt + 1}/{self.retries} in {wait:.0f} s")
-                    time.sleep(wait)
+                    self.sleep(wait)
+                attempt += 1
                 continue
-            except litellm.AuthenticationError as exc:
-                raise BadInput(f"the model provider refused the credentials: {str(exc)[:200]}", where="--model",
-                               fix="set the provider's key variable (e.g. ANTHROPIC_API_KEY, OPENAI_API_KEY)") from exc
-            except litellm.APIError as exc:  # anything else the provider says: pause, do not crash
-                last = exc
-                self._log_error(exc, attempt)
-                break
-            self._account(litellm, response)
+            self._account(litellm, response, started)
             return message_to_dict(response.choices[0].message)
         raise LLMUnavailable(f"model {self.model} unavailable after {self.retries + 1} attempts: "
-                             f"{type(last).__name__}: {str(last)[:200]}")
+                             f"{type(last).__name__}: {_short(last, 200)}")
 
-    def _account(self, litellm, response) -> None:
+    def _account(self, litellm, response, started: float) -> None:
         usage = getattr(response, "usage", None)
-        tokens = int(getattr(usage, "total_tokens", 0) or 0)
-        try:
-            cost = float(litellm.completion_cost(completion_response=response, model=self.model) or 0.0)
-        except Exception:  # noqa: BLE001 - an unpriced model: tokens still count, cost is unknown
-            cost, self.cost_known = 0.0, False
-        self.ctx.spent.tokens += tokens
-        self.ctx.spent.cost += cost
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = int(getattr(details, "cached_tokens", 0) or 0) or int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+        cost: float | None
+        if self.prices is not None:
+            cost = (prompt * self.prices[0] + completion * self.prices[1]) / 1e6
+        else:
+            try:
+                cost = float(litellm.completion_cost(completion_response=response, model=self.model))
+            except Exception:  # noqa: BLE001 - an unpriced model: tokens still count, cost is unknown
+                cost = None
+        spent = self.ctx.spent
+        spent.tokens += prompt + completion if (prompt or completion) else int(getattr(usage, "total_tokens", 0) or 0)
+        if cost is None:
+            spent.unpriced_calls += 1
+        else:
+            spent.cost += cost
+        self.last_call = {"time": now_iso(), "latency_s": round(time.time() - started, 3), "model": self.model,
+                          "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+                          "cost": cost}
         self.ctx.save()
 
-    def _log_error(self, exc: BaseException, attempt: int) -> None:
-        path = self.ctx.lineage.root / "llm-errors.jsonl"
-        from kbench_evolve.store import append_jsonl
+    def _log_error(self, exc: BaseException, attempt: int, kind: str) -> None:
+        append_jsonl(self.ctx.lineage.root / "llm-errors.jsonl",
+                     {"time": now_iso(), "model": self.model, "attempt": attempt, "kind": kind,
+                      "error": type(exc).__name__, "status_code": getattr(exc, "status_code", None),
+                      "message": str(exc)[:500]})
 
-        append_jsonl(path, {"model": self.model, "attempt": attempt, "error": type(exc).__name__,
-                            "message": str(exc)[:500]})
+
+def _short(exc: BaseException | None, n: int = 200) -> str:
+    return " ".join(str(exc).split())[:n]
 
 
 def tool_schema(name: str, description: str, properties: dict[str, Any] | None = None,

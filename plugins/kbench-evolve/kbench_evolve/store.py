@@ -3,6 +3,8 @@
 Layout of ``<workspace>/<name>/``::
 
     lineage.json            name, created, seed path, first suite (written once, at init)
+    suites/                 every suite the lineage was measured on, copied by content (``<sha>-<name>``),
+                            so runs work from any directory and a later edit of the original changes nothing
     versions/v0001/         one directory per committed version, created by an atomic rename
         kernel.py           the full source
         version.json        scores per case, geomean, parent, operator, rationale, suite, timestamps
@@ -127,9 +129,30 @@ class Lineage:
             raise BadInput(f"lineage {name!r} already exists", file=str(root),
                            fix=f"pick another name, continue it with `kbench evolve run {name}`, or delete {root}")
         root.mkdir(parents=True, exist_ok=True)
+        lineage = cls(root)
+        stored = lineage.adopt_suite(suite_path)
         atomic_write_json(root / "lineage.json", {"format": "kbench-evolve-lineage", "version": 1, "name": name,
-                                                 "created": now_iso(), "seed": str(seed), "suite": suite_path})
-        return cls(root)
+                                                 "created": now_iso(), "seed": str(Path(seed).resolve()),
+                                                 "suite": stored, "suite_origin": str(Path(suite_path).resolve())})
+        return lineage
+
+    def adopt_suite(self, path: str | Path) -> str:
+        """Copy a suite file into the lineage (named by its content); returns the stored path, relative to
+        the lineage, as versions record it."""
+        import hashlib
+
+        text = Path(path).read_text(encoding="utf-8")
+        name = f"{hashlib.sha256(text.encode()).hexdigest()[:12]}-{Path(path).name}"
+        target = self.root / "suites" / name
+        if not target.is_file():
+            atomic_write_text(target, text)
+        return f"suites/{name}"
+
+    def suite_path(self, stored: str) -> Path:
+        """A suite as a version recorded it: a copy in the lineage (relative), or, for lineages made before
+        suites were copied, the path as given at the time."""
+        p = Path(stored)
+        return p if p.is_absolute() or not (self.root / p).is_file() else self.root / p
 
     @classmethod
     def open(cls, workspace: Path, name: str) -> Lineage:
@@ -187,6 +210,12 @@ class Lineage:
         return self.version(None)
 
     def current_suite(self) -> str:
+        """The suite the champion is measured on: a path to the lineage's own copy."""
+        versions = self.versions()
+        return str(self.suite_path(versions[-1].meta["suite"] if versions else self.meta["suite"]))
+
+    def current_suite_record(self) -> str:
+        """The champion's suite as versions record it (``suites/<sha>-<name>``)."""
         versions = self.versions()
         return versions[-1].meta["suite"] if versions else self.meta["suite"]
 

@@ -50,7 +50,8 @@ class AgentTools:
             "check": (self.check, tool_schema(
                 "check", "Correctness of the candidate on every case of the suite (the harness's check).")),
             "benchmark": (self.benchmark, tool_schema(
-                "benchmark", "Measure the candidate (TFLOP/s per case) against the champion's scores; "
+                "benchmark", "Measure the candidate and the champion side by side in one kbench run (TFLOP/s per case, "
+                "each case of both timed back to back); costs 1 kbench run; "
                 "`cases` is an optional keyword expression over case ids (e.g. 'causal and sq=1024').",
                 {"cases": {"type": "string"}})),
             "profile": (self.profile, tool_schema(
@@ -158,14 +159,16 @@ class AgentTools:
         return "FAILED:\n" + "\n".join(f"- {c}: {w}" for c, w in m.failures.items())
 
     def benchmark(self, cases: str | None = None) -> str:
-        m = self.ctx.benchmark(self._need_candidate(), keyword=cases)
+        champ, m = self.ctx.benchmark(self._need_candidate(), keyword=cases)
         self.sup.on_correctness(m.correct)
         self.last_profile = m.profile
-        champ = self.ctx.champion().scores
-        lines = [f"{c}: {s:.4g} TFLOP/s (champion {champ.get(c, 0):.4g})" for c, s in sorted(m.scores.items())]
+        lines = [f"{c}: {s:.4g} TFLOP/s (champion {self.ctx.champion().label} measured alongside: "
+                 f"{champ.scores.get(c, 0):.4g}, ratio {s / champ.scores[c] if champ.scores.get(c) else 0:.3f})"
+                 for c, s in sorted(m.scores.items())]
         if m.failures:
             lines += [f"FAILED {c}: {w}" for c, w in m.failures.items()]
-        lines.append(f"geomean {m.geomean:.4g} TFLOP/s over these cases")
+        lines.append(f"geomean {m.geomean:.4g} TFLOP/s vs champion {champ.geomean:.4g} over these cases, both "
+                     f"measured in this run (one run is noisy: submit decides on repeated interleaved runs)")
         return "\n".join(lines)
 
     def profile(self) -> str:

@@ -131,7 +131,7 @@ def test_kill_mid_submit_then_resume_loses_nothing(lineage, workspace, tmp_path)
     runs = lineage.root / "runs"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if any("champion-r0" in p.name for p in runs.glob("*.json")):  # inside the duel of the submit
+        if any("-screen" in p.name for p in runs.glob("*.json")):  # inside the submit's paired screening run
             break
         time.sleep(0.05)
     assert proc.poll() is None, proc.stdout.read().decode()

@@ -10,28 +10,11 @@ from __future__ import annotations
 import time
 
 from kbench_evolve.operators import Operator
+from kbench_evolve.prompt import SYSTEM, brief, usage_entry
 from kbench_evolve.store import append_jsonl
 
-SYSTEM = """You are a GPU/CPU kernel engineer improving an attention kernel in an evolutionary lineage (AVO).
-The fitness is the harness's own measurement: TFLOP/s per case of the suite, all zero if any case is wrong.
-A version is committed only when it is correct on every case and faster than the champion beyond noise.
-The kernel is one Python file: it defines `attention(q, k, v, out, *, causal, scale, **tunables)` with
-layout (batch, seqlen, heads, head_dim), GQA when heads_q > heads_kv, causal masks aligned bottom-right,
-writes `out` in the input dtype; optional SUBSTRATE, TUNABLES. Never special-case the benchmark, cache
-results, copy inputs to outputs, start threads, or change precision: the harness checks for this.
-Work in steps: read the lineage and the knowledge base, plan, write a candidate (a SEARCH/REPLACE patch or
-full source), check it, benchmark it, and submit it with a rationale. Keep notes with write_memory."""
-
-
-def brief(ctx) -> str:
-    champ = ctx.champion()
-    memory = ctx.lineage.read_memory()
-    return (f"Lineage {ctx.lineage.name}, suite {ctx.lineage.current_suite()}. Champion {champ.label}: "
-            f"{champ.geomean:.4g} TFLOP/s geomean; per case: "
-            + ", ".join(f"{c} {s:.4g}" for c, s in sorted(champ.scores.items()))
-            + f".\nKnowledge base:\n{ctx.knowledge.index() if ctx.knowledge else '(none)'}\n"
-            + (f"Your notes so far:\n{memory}\n" if memory else "")
-            + f"You have {ctx.steps_left()} steps. Improve the champion and submit.")
+#: run options handed to the model client
+LLM_OPTIONS = ("model", "api_base", "timeout", "retries", "backoff", "max_backoff", "price_input", "price_output")
 
 
 class AgentOperator(Operator):
@@ -52,8 +35,7 @@ class AgentOperator(Operator):
                          repeat_limit=int(opts.get("repeat_limit", 2)),
                          failure_limit=int(opts.get("failure_limit", 3)))
         tools = AgentTools(ctx, sup)
-        client = LLMClient(ctx, **{k: opts[k] for k in ("model", "api_base", "timeout", "retries", "backoff")
-                                   if opts.get(k) is not None})
+        client = LLMClient(ctx, **{k: opts[k] for k in LLM_OPTIONS if opts.get(k) is not None})
         messages = st.get("messages")
         if not messages:
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": brief(ctx)}]
@@ -89,12 +71,20 @@ class AgentOperator(Operator):
                 return f"no commit in {ctx.spent.steps} steps (step budget)"
             ctx.step()
             sup.on_step()
-            compact(messages, int(opts.get("context_chars", CONTEXT_CHARS)))
-            reply = client.complete(messages, tools.schemas())
-            add(reply)
+            compact(messages, int(st.get("context_chars") or opts.get("context_chars", CONTEXT_CHARS)))
+
+            def on_overflow(msgs: list[dict]) -> bool:
+                """The provider's context window is smaller than we thought: halve our limit and compact."""
+                size = sum(len(str(m.get("content") or "")) for m in msgs)
+                st["context_chars"] = max(2_000, size // 2)
+                return compact(msgs, st["context_chars"], keep_last=4) > 0
+
+            reply = client.complete(messages, tools.schemas(), compact=on_overflow)
+            messages.append(reply)
+            append_jsonl(trajectory, usage_entry(reply, client))
             ctx.save()
             if not reply.get("tool_calls"):
-                if (reply.get("content") or "").strip().upper().startswith("GIVE UP"):
+                if (reply.get("content") or "").strip().upper().startswith("GIVE UP"):  # the convention
                     return "the agent gave up: " + reply["content"][:120]
                 add({"role": "user", "content": "Use the tools to make progress; call submit when a checked "
                                                 "candidate is faster. (Reply GIVE UP to end this variation.)"})

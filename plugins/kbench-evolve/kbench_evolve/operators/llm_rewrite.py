@@ -59,15 +59,25 @@ class LLMRewriteOperator(Operator):
     def vary(self, ctx) -> str:
         from kbench_evolve.llm import LLMClient
 
-        client = LLMClient(ctx, **{k: self.options[k] for k in ("model", "api_base", "timeout", "retries", "backoff")
-                                   if self.options.get(k) is not None})
+        from kbench_evolve.operators.agent import LLM_OPTIONS
+        from kbench_evolve.prompt import usage_entry
+
+        client = LLMClient(ctx, **{k: self.options[k] for k in LLM_OPTIONS if self.options.get(k) is not None})
+
+        def on_overflow(msgs: list[dict]) -> bool:
+            """Drop the oldest rejected exchanges (the first prompt stays): the context window is full."""
+            if len(msgs) <= 3:
+                return False
+            del msgs[1:3]
+            return True
+
         messages = [{"role": "user", "content": self.prompt(ctx)}]
         trajectory = ctx.lineage.scratch("trajectories") / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.jsonl"
         append_jsonl(trajectory, messages[0])
         while ctx.steps_left() > 0:
             ctx.step()
-            reply = client.complete(messages)
-            append_jsonl(trajectory, reply)
+            reply = client.complete(messages, compact=on_overflow)
+            append_jsonl(trajectory, usage_entry(reply, client))
             text = reply.get("content") or ""
             rationale = next((line.split(":", 1)[1].strip() for line in text.splitlines()
                               if line.upper().startswith("RATIONALE:")), "llm rewrite")

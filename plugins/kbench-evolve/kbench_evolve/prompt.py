@@ -1,0 +1,172 @@
+"""What the LLM operators tell the model: the fixed system prompt and the brief of one variation.
+
+The system prompt never changes within a run (so providers can cache it); the brief states what the
+model would otherwise have to guess or spend tool calls on: the device and its roofs, the substrate
+and the kernel-file contract, the tolerances, the suite's cases, the budgets left and what each tool
+costs, the patch format with an example, how to give up, the champion's source with its per-case
+profile, and the agent's notes (capped: older notes are reduced to their first line).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kbench_evolve import source as src
+
+SYSTEM = """You are a kernel engineer improving an attention kernel in an evolutionary lineage (AVO: agentic
+variation operators). The harness, not you, measures fitness: TFLOP/s per case of the suite, and all zero if
+any case is wrong. A candidate becomes a new version only when it is correct on every case and faster than
+the champion beyond noise: the harness re-measures both side by side, case by case, in repeated runs, and
+commits when the lower end of the 95% bootstrap interval of the geometric-mean speedup is above 1.
+
+The kernel is one Python file: `attention(q, k, v, out, *, causal, scale, **tunables)`, layout
+(batch, seqlen, heads, head_dim), GQA when heads_q > heads_kv (query head h uses KV head h // (heads_q //
+heads_kv)), causal masks aligned bottom-right (row i sees key j iff j <= i + seqlen_kv - seqlen_q; a row that
+sees nothing outputs zeros), `out` written in the input dtype. Module globals: SUBSTRATE, OP, TUNABLES (knobs
+that must not change the result). Forbidden, and checked by the harness: fused attention library calls, caching
+results between calls, reading the reference, changing the output dtype or accumulating in lower precision,
+modifying inputs, module-level mutable state, starting threads or processes, setting thread counts.
+
+Edit with SEARCH/REPLACE patches (write_candidate `patch`), each block exactly:
+<<<<<<< SEARCH
+lines copied exactly from the current candidate (whitespace included), unique in the file
+=======
+replacement lines
+>>>>>>> REPLACE
+Example, changing one default:
+<<<<<<< SEARCH
+    "block_q": {"default": 32,
+=======
+    "block_q": {"default": 64,
+>>>>>>> REPLACE
+or give the full file as `source`. Work in steps: plan, write a candidate, check it, benchmark it, submit it
+with a rationale; change one thing at a time when gains are small; record what you learned with write_memory
+(notes persist across variations). When no idea is worth its cost, reply with text starting `GIVE UP:` and the
+reason, without tool calls: the variation ends and the budget is kept for the next one."""
+
+
+def _fmt(x: float | None, unit: str, scale: float = 1.0) -> str:
+    return f"{x / scale:.4g} {unit}" if x else "unknown"
+
+
+def hardware_text(ctx) -> str:
+    """Device, hardware profile and its roofs, as the harness knows them."""
+    from kbench.runner import pick_device
+
+    try:
+        name = pick_device(ctx.pm, ctx.evaluator.device)
+        hw = ctx.pm.detect_hardware(ctx.pm.registry.device(name))
+    except Exception as exc:  # noqa: BLE001 - the prompt must not stop a run
+        return f"device {ctx.evaluator.device} (hardware profile unavailable: {type(exc).__name__})"
+    flops = hw.peak_flops or getattr(hw, "measured_flops", None) or {}
+    bw = hw.bandwidth or getattr(hw, "measured_bandwidth", None)
+    how = "datasheet" if hw.peak_flops else ("measured by kbench calibrate" if flops else "unknown")
+    roofs = ", ".join(f"{k} {_fmt(v, 'TFLOP/s', 1e12)}" for k, v in sorted(flops.items())) or "unknown"
+    return (f"device {name}: {hw.title}; compute roofs ({how}): {roofs}; memory bandwidth "
+            f"{_fmt(bw, 'GB/s', 1e9)}; last-level cache {_fmt(hw.l2_bytes, 'MiB', 2**20)}")
+
+
+def budgets_text(ctx) -> str:
+    b, s = ctx.budget, ctx.spent
+    parts = [f"{ctx.steps_left()} steps left in this variation (a step is one model call)",
+             f"{b.iterations - s.iterations} variations left"]
+    if b.max_bench_calls is not None:
+        parts.append(f"{b.max_bench_calls - s.bench_calls} kbench runs left")
+    if b.max_tokens is not None:
+        parts.append(f"{b.max_tokens - s.tokens} tokens left")
+    if b.max_cost is not None:
+        parts.append(f"${b.max_cost - s.cost:.2f} left")
+    if b.max_time is not None:
+        parts.append(f"{(b.max_time - ctx.elapsed()) / 60:.0f} minutes left")
+    return "; ".join(parts)
+
+
+def tool_costs_text(ctx) -> str:
+    n = ctx.submit_cost()
+    return (f"check = 1 kbench run (every case, barely timed); benchmark = 1 kbench run of your candidate and "
+            f"the champion side by side; submit = {n} kbench run{'s' if n != 1 else ''} of both (the first "
+            f"screens: a candidate clearly slower than the champion stops there); reading tools cost nothing")
+
+
+def memory_text(memory: str, cap: int = 6000) -> str:
+    """The agent's notes within ``cap`` characters: the newest whole, older ones by their first line."""
+    if len(memory) <= cap:
+        return memory
+    entries = [e for e in memory.split("\n- ") if e.strip()]
+    recent: list[str] = []
+    size = 0
+    while entries and size + len(entries[-1]) < cap * 2 // 3:
+        size += len(entries[-1]) + 3
+        recent.insert(0, entries.pop())
+    digest = [e.strip().lstrip("- ").splitlines()[0][:100] for e in entries]
+    head = "\n".join(f"- {d}" for d in digest)
+    if len(head) > cap // 3:
+        head = f"[{len(digest)} older notes; read_memory shows them all]\n" + head[-(cap // 3):]
+    return f"(older notes, first lines only)\n{head}\n(newest notes)\n- " + "\n- ".join(e.strip().lstrip("- ")
+                                                                                     for e in recent)
+
+
+def brief(ctx, *, memory_cap: int = 6000) -> str:
+    champ = ctx.champion()
+    glob = src.module_globals(champ.source)
+    substrate = glob.get("SUBSTRATE", "numpy")
+    contract = ""
+    if ctx.knowledge and "kernel-files.md" in ctx.knowledge.names():
+        contract = ctx.knowledge.read("kernel-files.md")
+    suite = ctx.evaluator.suite
+    check = getattr(suite, "data", {}).get("check") or {}
+    profile = champ.meta.get("profile") or {}
+    rows = []
+    for case, score in sorted(champ.scores.items()):
+        p = profile.get(case, {})
+        rows.append(f"- {case}: {score:.4g} TFLOP/s, median {p.get('median_s', 0) or 0:.4g} s, "
+                    f"{p.get('bound', '?')}-bound, {100 * (p.get('roof_fraction') or 0):.1f}% of the roof, "
+                    f"rel_l2 {p.get('rel_l2', '?')}")
+    memory = ctx.lineage.read_memory()
+    lineage = "\n".join(f"- {v.label}: {v.geomean:.4g} TFLOP/s ({v.meta.get('operator')}): "
+                        f"{(v.meta.get('rationale') or '')[:160]}" for v in ctx.lineage.versions()[-8:])
+    rejected = [a for a in ctx.lineage.attempts() if a.get("outcome") == "rejected"][-6:]
+    tried = "\n".join(f"- {a.get('rationale', '')[:100]} -> {a.get('reason', '')[:140]}" for a in rejected)
+    return f"""Lineage {ctx.lineage.name}; {hardware_text(ctx)}.
+Substrate: {substrate} (the kernel receives {_substrate_arrays(substrate)}).
+Correctness: relative L2 error against a float64 reference below fp32 1e-5, fp16 1e-3, bf16 1e-2; no NaN/Inf;
+every output element written; checked on {check.get('seeds', 2)} fresh random inputs per case.
+Suite {suite.name}: {len(champ.scores)} cases (the fitness is their geometric mean).
+Budgets: {budgets_text(ctx)}.
+Tool costs: {tool_costs_text(ctx)}.
+
+Lineage (newest last):
+{lineage}
+
+Recent rejected attempts (do not repeat them):
+{tried or '(none)'}
+
+Champion {champ.label}: {champ.geomean:.4g} TFLOP/s geomean; per case (its profile when committed):
+{chr(10).join(rows)}
+
+Champion source:
+```python
+{champ.source}
+```
+
+Kernel-file contract:
+{contract.strip() or '(see the system prompt)'}
+
+Knowledge base (read_knowledge NAME):
+{ctx.knowledge.index() if ctx.knowledge else '(none)'}
+
+Your notes so far:
+{memory_text(memory, memory_cap) if memory else '(none)'}
+
+Improve the champion and submit."""
+
+
+def _substrate_arrays(substrate: str) -> str:
+    return {"numpy": "NumPy arrays on the CPU; bf16 as ml_dtypes.bfloat16",
+            "torch": "torch CPU tensors sharing the harness's memory; fused attention calls are refused",
+            "triton": "torch CUDA tensors (CPU tensors under TRITON_INTERPRET=1); launch Triton kernels on them",
+            "cupy": "CuPy arrays on the GPU; bf16 as uint16 bit patterns"}.get(substrate, f"{substrate} arrays")
+
+
+def usage_entry(reply: dict[str, Any], client) -> dict[str, Any]:
+    """A trajectory line for one model reply: the message plus the call's time, latency and token usage."""
+    return {**reply, "call": dict(client.last_call)}

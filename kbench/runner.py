@@ -266,15 +266,23 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | No
                 on_record(record, i + 1, len(todo))
     except KeyboardInterrupt as exc:
         how = exc.how if isinstance(exc, RunInterrupted) else "interrupted by the user (Ctrl-C)"
-        writer.finish(interrupted=how)
+        writer.finish(interrupted=how, extra=_secret_record(writer, planned))
         raise exc if isinstance(exc, RunInterrupted) else RunInterrupted(how) from None
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
         if pool is not None:
             pool.close()
-    writer.finish()
+    writer.finish(extra=_secret_record(writer, planned))
     return writer
+
+
+def _secret_record(writer: ResultWriter, planned: PlannedRun) -> dict[str, Any]:
+    """The run's input secret, published only now that nothing more is measured with it (a resumed run
+    drew its own: every part's secret is kept, in order), so anyone can regenerate and re-check the inputs."""
+    earlier = writer.data.get("input_secrets")
+    earlier = list(earlier) if isinstance(earlier, list) else []
+    return {"input_secrets": [*earlier, planned.ctx.secret.hex()]}
 
 
 def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case: Case, planned: PlannedRun) -> None:

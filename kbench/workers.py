@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import fnmatch
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -36,7 +37,7 @@ from kbench.backends import Backend
 from kbench.enums import Status
 from kbench.errors import BadInput
 from kbench.execute import ExecContext, base_record, execute
-from kbench.integrity import IntegritySettings, literal_globals, parent_clock_check, static_failure
+from kbench.integrity import IntegritySettings, literal_globals, static_failure
 from kbench.ops import Case
 from kbench.sandbox import ENV_DENY, sandbox_environment
 from kbench.suite import CheckSettings
@@ -293,35 +294,68 @@ def child_main(fd: int) -> None:
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", {"pid": os.getpid()}))
+    serve(conn, setup, reg, device, snapshot, guard)
+
+
+#: largest reply a worker may send (samples, stamps and a few strings; never arrays)
+MAX_REPLY_BYTES = 16 * 2**20
+
+
+def serve(conn: Connection, setup: WorkerSetup, reg, device, snapshot, guard) -> None:
+    """The worker's loop: a :class:`kbench.calls.CallRunner` driven by the judge in the parent.
+
+    Requests arrive pickled (from the trusted parent); replies leave as JSON, so nothing a kernel puts
+    on this socket can run code in the parent, and a reply is only data the judge verifies.
+    """
+    from multiprocessing import reduction
+
+    from kbench.calls import CallRunner
+
     scratch = setup.scratch or tempfile.mkdtemp(prefix="kbench-worker-")
     backends: dict[str, Backend] = {}
+    runner = CallRunner(device, check_threads=setup.integrity.check_threads, harness=snapshot)
     while True:
         try:
-            raw = conn.recv_bytes()
+            msg = conn.recv()
         except (EOFError, OSError):
             return
-        # the job's clock starts when its bytes arrive: unpickling a backend may import its plugin's
-        # libraries (seconds for torch), which the parent's clock sees too
-        t0 = time.perf_counter()
-        msg = pickle.loads(raw)
-        if msg[0] != "run":
+        kind = msg[0] if isinstance(msg, tuple) and msg else None
+        if kind == "job":
+            payload = msg[1]
+            receiver = _FD_RECEIVER or socket.socket(fileno=os.dup(conn.fileno()))
+            fd = reduction.recvfds(receiver, 1)[0]
+            _set_cpu_budget(payload.get("cpu_seconds"))
+            spec = payload["spec"]
+            try:
+                if spec.key not in backends:
+                    backends[spec.key] = build_backend(spec, reg, scratch)
+                reply = runner.handle(msg, backends[spec.key], fd)
+            except BaseException as exc:  # noqa: BLE001 - a backend that cannot even be built is a record
+                reply = ("error", {"reason": f"{type(exc).__name__}: {exc}"})
+            finally:
+                os.close(fd)  # the runner's mapping holds its own reference
+        elif kind in ("batch", "end"):
+            reply = runner.handle(msg)
+        else:
             return
-        _, spec, case, cpu_seconds = msg
-        _set_cpu_budget(cpu_seconds)
+        reply = _judged_by_guard(setup, guard, reply, ended=kind == "end")
         try:
-            if spec.key not in backends:
-                backends[spec.key] = build_backend(spec, reg, scratch)
-            record = execute(ctx, backends[spec.key], case)
-        except BaseException as exc:  # noqa: BLE001 - a backend that cannot even be built is a record
-            record = base_record(spec.name, case, device.name)
-            record.update(status=Status.ERROR.value, reason=f"{type(exc).__name__}: {exc}")
-        record = _after_job(setup, guard, record)  # refused events, processes left running: a failed record
-        record["worker_seconds"] = time.perf_counter() - t0
-        try:
-            conn.send(("record", record))
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            conn.send(("record", {**base_record(spec.name, case, device.name), "status": Status.ERROR.value,
-                                  "reason": f"the record could not be sent to the parent: {exc}"}))
+            data = json.dumps(reply, default=lambda v: v.item() if hasattr(v, "item") else str(v)).encode()
+        except (TypeError, ValueError) as exc:
+            data = json.dumps(("error", {"reason": f"the reply could not be sent to the parent: {exc}"})).encode()
+        conn.send_bytes(data)
+
+
+def _judged_by_guard(setup: WorkerSetup, guard, reply: tuple, *, ended: bool) -> tuple:
+    """Refused audit events and processes left running (A1's :func:`_after_job`) fail the job."""
+    kind, payload = reply
+    if kind != "error" and not ended:
+        return reply
+    record = {"status": "error" if kind == "error" else "passed", "reason": payload.get("reason")}
+    record = _after_job(setup, guard, record)
+    if record.get("status") == Status.FAILED.value:
+        return "error", {**payload, "reason": record.get("reason"), "failed": True}
+    return reply
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,6 +421,7 @@ class Worker:
         self.tail: _Tail | None = None
         self.scratch: str | None = None
         self.starts = 0
+        self.timeout = 0.0  # the case timeout of the current job (for its record)
 
     @property
     def alive(self) -> bool:
@@ -451,37 +486,39 @@ class Worker:
             return f"killed by {sig}" + (f" ({hint})" if hint else "")
         return f"exited with status {rc}"
 
-    def run(self, spec: BackendSpec, case: Case, timeout: float, cpu_seconds: float | None) -> tuple[dict, float]:
-        """The record of one job and the parent's wall time of it (startup excluded)."""
-        if not self.alive:
-            self.close()
-            self.start()
-        self.tail.reset()
-        t0 = time.perf_counter()
+    def exchange(self, message: tuple, timeout: float | None, spec: BackendSpec, case: Case,
+                 fd: int | None = None) -> Any:
+        """Send one request (and the arena's descriptor), return the decoded JSON reply.
+
+        A timeout or a dead worker raises :class:`kbench.judge.Abort` with the record of it.
+        """
+        from multiprocessing import reduction
+
+        from kbench.judge import Abort
+
         try:
-            self.conn.send(("run", spec, case, cpu_seconds))
+            self.conn.send(message)
+            if fd is not None:
+                reduction.send_handle(self.conn, fd, self.proc.pid)
             if not self.conn.poll(timeout):
-                wall = time.perf_counter() - t0
                 self.kill()
-                return self._failure(spec, case, Status.TIMEOUT,
-                                     f"exceeded the case timeout of {timeout:g} s (a hang or an endless loop); "
-                                     f"the worker was killed and will be restarted"), wall
-            kind, record = self.conn.recv()
-        except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
-            wall = time.perf_counter() - t0
+                raise Abort(self._failure(spec, case, Status.TIMEOUT,
+                                          f"exceeded the case timeout of {self.timeout:g} s (a hang or an endless "
+                                          f"loop); the worker was killed and will be restarted"))
+            data = self.conn.recv_bytes(MAX_REPLY_BYTES)
+        except (EOFError, OSError, ValueError) as exc:
             how = self._death()
             self.kill()
             reason = f"worker {how} while running the case" if how != "unknown" else f"worker channel broke: {exc}"
             rec = self._failure(spec, case, Status.CRASHED, reason)
             if self.proc is not None and signal_name(self.proc.returncode or 0):
                 rec["signal"] = signal_name(self.proc.returncode)
-            return rec, wall
-        wall = time.perf_counter() - t0
-        if record.get("status") in (Status.ERROR.value,):
-            text = self.tail.text().strip()
-            if text:
-                record["stderr_tail"] = text
-        return record, wall
+            raise Abort(rec) from None
+        try:
+            reply = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            reply = None  # the judge names it a malformed reply
+        return tuple(reply) if isinstance(reply, list) else reply
 
     def _failure(self, spec: BackendSpec, case: Case, status: Status, reason: str) -> dict[str, Any]:
         if self.tail is not None:
@@ -527,6 +564,20 @@ class Worker:
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+
+
+class WorkerChannel:
+    """The judge's channel to a worker (:mod:`kbench.judge`): job, batches, end; replies decoded from JSON."""
+
+    def __init__(self, worker: Worker, spec: BackendSpec, case: Case, cpu_seconds: float | None) -> None:
+        self.worker, self.spec, self.case, self.cpu_seconds = worker, spec, case, cpu_seconds
+
+    def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
+        job = {**payload, "spec": self.spec, "cpu_seconds": self.cpu_seconds}
+        return self.worker.exchange(("job", job), timeout, self.spec, self.case, fd)
+
+    def request(self, message: tuple, timeout: float | None) -> Any:
+        return self.worker.exchange(message, timeout, self.spec, self.case)
 
 
 @dataclass
@@ -622,13 +673,24 @@ class WorkerPool:
             _, old = self.workers.popitem(last=False)
             old.close()
         cpu = self.timeout * self.ctx.integrity.cpu_time_factor * (os.cpu_count() or 1) if not backend.trusted else None
+        from kbench.judge import judge
+
+        channel = WorkerChannel(worker, spec, case, cpu)
         try:
-            rec, wall = worker.run(spec, case, self.timeout, cpu)
+            if not worker.alive:
+                worker.close()
+                worker.start()
         except WorkerFailed as exc:
             rec = base_record(backend.name, case, self.ctx.device.name)
-            rec.update(status=Status.ERROR.value, reason=f"worker failed to start: {exc}")
+            rec.update(status=Status.ERROR.value, reason=f"worker failed to start: {exc}", cause="infrastructure")
             return rec
-        parent_clock_check(rec, wall)
+        worker.tail.reset()
+        worker.timeout = self.timeout
+        rec = judge(self.ctx, channel, backend.name, case, timeout=self.timeout)
+        if rec.get("status") == Status.ERROR.value and "stderr_tail" not in rec:
+            text = worker.tail.text().strip() if worker.tail else ""
+            if text:
+                rec["stderr_tail"] = text
         rec["worker"] = {"pid": worker.proc.pid if worker.proc else None, "sandbox": not backend.trusted,
                          "starts": worker.starts}
         return rec
@@ -645,5 +707,10 @@ class WorkerPool:
         self.close()
 
 
+#: the socket that receives arena descriptors: made before the audit guard is installed (it refuses
+#: new sockets, and receiving a descriptor on an existing one raises no audit event)
+_FD_RECEIVER: socket.socket | None = None
+
 if __name__ == "__main__":
+    _FD_RECEIVER = socket.socket(fileno=os.dup(int(sys.argv[1])))
     child_main(int(sys.argv[1]))

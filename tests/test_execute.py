@@ -170,4 +170,4 @@ def test_cache_by_content_never_hits_when_timed(kbench_case, kbench_check, fake_
     assert timed >= 3 and len(memo) >= timed
     # the warm-up calls precede the first refresh: their content may come back once, never a timed sample's
     assert len(hits) <= rec["timing"]["warmup_calls"]
-    assert rec["integrity"]["timed_inputs"] == "new content before every sample"
+    assert rec["integrity"]["timed_inputs"] == "new content for every timed call"

@@ -36,6 +36,10 @@ class Device(ABC):
     def poisoned(self, shape: tuple[int, ...], dtype: DType) -> Any:
         """A fresh output buffer filled with NaN, so unwritten elements are caught."""
 
+    def write(self, array: Any, host: np.ndarray) -> None:
+        """Copy a host array into an existing device buffer, in place (its address does not change)."""
+        array[...] = self.from_host(host)
+
     def repoison(self, array: Any) -> None:
         """Fill an existing output buffer with NaN again, in place (before each timed sample)."""
         array[...] = float("nan")

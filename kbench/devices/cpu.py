@@ -44,6 +44,9 @@ class CPUDevice(Device):
     def from_host(self, array: np.ndarray) -> np.ndarray:
         return np.array(array, copy=True)
 
+    def write(self, array: np.ndarray, host: np.ndarray) -> None:
+        np.copyto(array, host)
+
     def to_host(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 

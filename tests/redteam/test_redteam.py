@@ -51,9 +51,9 @@ DYNAMIC = {
     # every timed call gets new input content: a content cache never hits, gains nothing, and is an
     # honest (slower) kernel -- decided without measuring speed (tests/test_execute.py shows zero hits)
     "cache_by_content": ("passed", None),
-    "copy_reference": ("failed", r"relative L2 error 1 exceeds"),
-    "timer_patch": ("failed", r"harness tampering: time.perf_counter_ns replaced"),
-    "harness_patch": ("failed", r"harness tampering: numpy.linalg.norm replaced"),
+    "copy_reference": ("failed", r"audit: refused gc.get_objects"),
+    "timer_patch": ("failed", r"harness tampering: time.perf_counter_ns replaced|samples do not add up"),
+    "harness_patch": ("failed", r"harness tampering: numpy.linalg.norm replaced|relative L2 error 1 exceeds"),
     "honest_numpy": ("passed", None),
 }
 
@@ -106,8 +106,12 @@ def test_infinite_loop_times_out_and_the_run_goes_on(tmp_path_factory):
 
 
 def test_every_corpus_file_has_an_expectation():
+    from kbench.integrity import literal_globals
+
+    # classes 6, 8 and 9 (sandbox escapes) have their own test module
+    sandbox = literal_globals((HERE / "test_sandbox_escape.py").read_text(), ("SANDBOX_KERNELS",))["SANDBOX_KERNELS"]
     stems = {p.stem for p in HERE.glob("*.py") if not p.stem.startswith("test_")}
-    assert stems == set(DEFAULT) | {"infinite_loop"}
+    assert stems == set(DEFAULT) | {"infinite_loop"} | set(sandbox)
 
 
 @pytest.mark.parametrize("run", ["default_run", "dynamic_run"])

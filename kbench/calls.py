@@ -1,0 +1,295 @@
+"""The untrusted side of an execution: a runner of calls that never judges (docs/integrity.md).
+
+The process that runs candidate code maps a shared-memory arena the trusted side (:mod:`kbench.judge`)
+filled with inputs, copies each slot's inputs to the device, calls the kernel into a fresh poisoned
+buffer, copies the output back to the arena and reports raw facts: per-call samples and their start/end
+stamps on the system-wide monotonic clock, and faults it saw (a thread left running, an input
+modified, an output written late, an aliased or lazy result). It never sees a seed, a reference, a
+tolerance or the verified rows, so nothing it says can make a record pass: the judge verifies the
+outputs in the arena and accounts for the samples with its own clock.
+
+One code path for both executors: a worker process drives a :class:`CallRunner` from its channel
+(``kbench.workers.child_main``); trusted backends with ``--no-isolate`` drive one through
+:class:`LocalChannel`, the same messages in the same process.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from kbench.integrity import ThreadLeak, ThreadWatch, thread_counts
+
+#: byte alignment of every array in an arena (cache lines; SIMD loads)
+ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str            # numpy dtype name ("float16", "bfloat16" via ml_dtypes)
+    offset: int           # from the start of a slot
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np_dtype(self.dtype).itemsize
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each slot's inputs and output live in an arena (``slots`` equal slots one after another)."""
+
+    slots: int
+    inputs: tuple[ArrayLayout, ...]
+    output: ArrayLayout
+    slot_bytes: int
+
+    @classmethod
+    def plan(cls, inputs: dict[str, np.ndarray], out_shape: tuple[int, ...], out_dtype: np.dtype,
+             slots: int) -> Layout:
+        offset, arrays = 0, []
+        for name, arr in inputs.items():
+            arrays.append(ArrayLayout(name, tuple(arr.shape), arr.dtype.name, offset))
+            offset = _aligned(offset + arrays[-1].nbytes)
+        output = ArrayLayout("out", tuple(out_shape), np.dtype(out_dtype).name, offset)
+        return cls(slots, tuple(arrays), output, _aligned(offset + output.nbytes))
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    def view(self, buf: Any, slot: int, array: ArrayLayout) -> np.ndarray:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside the arena's {self.slots} slots")
+        return np.ndarray(array.shape, np_dtype(array.dtype), buffer=buf,
+                          offset=slot * self.slot_bytes + array.offset)
+
+    def input_views(self, buf: Any, slot: int) -> dict[str, np.ndarray]:
+        return {a.name: self.view(buf, slot, a) for a in self.inputs}
+
+    def output_view(self, buf: Any, slot: int) -> np.ndarray:
+        return self.view(buf, slot, self.output)
+
+
+def anonymous_file(nbytes: int) -> int:
+    """A file descriptor of ``nbytes`` of shared memory with no name anyone else can open.
+
+    ``memfd_create`` on Linux (passed to the worker over its private socket, so it works inside a
+    sandbox with its own /dev/shm); an unlinked temporary file elsewhere.
+    """
+    try:
+        fd = os.memfd_create("kbench-arena", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="kbench-arena-")
+        os.unlink(path)
+    os.ftruncate(fd, max(nbytes, 1))
+    return fd
+
+
+class Fault(Exception):
+    """Something the runner saw that fails the record (reported as data; the judge names it)."""
+
+
+class CallRunner:
+    """Runs calls of one prepared kernel on the slots the judge names; reports samples and faults."""
+
+    def __init__(self, device, *, check_threads: bool = True, harness=None) -> None:
+        self.device = device
+        self.check_threads = check_threads
+        self.harness = harness          # HarnessSnapshot taken before candidate code loaded, or None
+        self.kernel: Callable[..., Any] | None = None
+        self.layout: Layout | None = None
+        self.map: mmap.mmap | None = None
+        self.watch = ThreadWatch(check_threads)
+        self.buffers: dict[int, tuple[dict[str, Any], Any]] = {}
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def start(self, backend, case, layout: Layout, fd: int) -> dict[str, Any]:
+        """Map the arena, ask the backend whether it runs this case, prepare its kernel."""
+        self.end()
+        self.layout, self.dtype = layout, case.dtype
+        self.map = mmap.mmap(fd, layout.nbytes)
+        self.watch = ThreadWatch(self.check_threads)
+        for question in (backend.available, lambda: backend.supports(case)):
+            reason = question()
+            if reason:
+                return {"skip": str(reason)}
+        info = backend.info()
+        self.kernel = backend.prepare(case)
+        fault = self._harness_fault("while the kernel was prepared")
+        return {"backend_info": info, "fault": fault}
+
+    def end(self) -> dict[str, Any]:
+        self.kernel = None
+        self.buffers = {}
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a view is still alive somewhere: the mapping goes with the process
+                pass
+            self.map = None
+        return {"telemetry": self.device.telemetry()}
+
+    def batch(self, slots: list[int], kind: str) -> dict[str, Any]:
+        """Call the kernel once per slot, each into a fresh poisoned buffer, outputs copied to the arena.
+
+        ``kind`` "empty" calls a function that does nothing through the same loop: the judge measures
+        the loop's own overhead with it.
+        """
+        dev, layout = self.device, self.layout
+        reply: dict[str, Any] = {"samples": [], "stamps": [], "fault": None}
+        try:
+            inputs, outs = [], []
+            for s in slots:
+                # one set of device buffers per slot for the whole job, new content written in place: a
+                # cache keyed by address hits and answers stale, which the judge's verification sees
+                if s not in self.buffers:
+                    self.buffers[s] = ({k: dev.from_host(v) for k, v in layout.input_views(self.map, s).items()},
+                                       dev.poisoned(layout.output.shape, self.dtype))
+                else:
+                    for k, v in layout.input_views(self.map, s).items():
+                        dev.write(self.buffers[s][0][k], v)
+                inputs.append(self.buffers[s][0])
+                outs.append(self.buffers[s][1])
+            prints = [{k: dev.fingerprint(v) for k, v in dev_in.items()} for dev_in in inputs]
+            dev.synchronize()
+            answers = []
+            for i, slot in enumerate(slots):
+                dev.repoison(outs[i])
+                dev.before_sample()
+                holder: list[Any] = []
+                if kind == "empty":
+                    fn = _nothing
+                else:
+                    kernel, dev_in, out = self.kernel, inputs[i], outs[i]
+
+                    def fn() -> None:
+                        holder.append(kernel(**dev_in, out=out))
+                before = thread_counts()
+                start = time.perf_counter_ns()
+                seconds = dev.time_call(fn)
+                stop = time.perf_counter_ns()
+                reply["samples"].append(float(seconds))
+                reply["stamps"].append((start, stop))
+                # the same work after an empty call as after a kernel: the judge calibrates the loop with it
+                self._after_call(before)
+                answer = self._answer(holder[0] if holder else None, outs[i], inputs[i])
+                host = np.asarray(dev.to_host(answer))
+                self._store(layout.output_view(self.map, slot), host)
+                answers.append((answer, host.tobytes()))
+            dev.synchronize()
+            for i, (answer, stored) in enumerate(answers):
+                if np.asarray(dev.to_host(answer)).tobytes() != stored:
+                    raise Fault(f"the output changed after the kernel returned (call {i + 1} of a {kind} batch): "
+                                f"work was left running (a thread, a stream or lazy evaluation) and would not "
+                                f"be timed")
+                for name, arr in inputs[i].items():
+                    if dev.fingerprint(arr) != prints[i][name]:
+                        raise Fault(f"input {name!r} was modified by the kernel (inputs must be read-only)")
+            phase = {"check": "during the correctness check", "timed": "during timing"}.get(kind, f"({kind})")
+            reply["fault"] = self._harness_fault(phase)
+        except Fault as exc:
+            reply["fault"] = str(exc)
+        except ThreadLeak as exc:
+            reply["fault"] = str(exc) + (" (during timing)" if kind == "timed" else "")
+        reply["threads"] = list(self.watch.max_seen)
+        return reply
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def _after_call(self, before: tuple[int, int]) -> None:
+        pending = getattr(self.device, "pending_work", None)
+        if callable(pending) and pending():
+            raise ThreadLeak("work was still running on the device when the sample ended (extra streams?)")
+        self.watch.after(before)
+
+    def _answer(self, result: Any, out: Any, inputs: dict[str, Any]) -> Any:
+        if result is not None and not isinstance(result, type(out)):
+            raise Fault(f"the kernel returned a {type(result).__name__}, not a {type(out).__name__} like its output "
+                        f"buffer: results must be materialised before return (lazy results are not timed)")
+        answer = out if result is None else result
+        for name, arr in inputs.items():
+            if self.device.is_same_memory(answer, arr):
+                raise Fault(f"output aliases input {name!r}: a kernel must write its own buffer")
+        return answer
+
+    def _store(self, view: np.ndarray, host: np.ndarray) -> None:
+        if tuple(host.shape) != tuple(view.shape):
+            raise Fault(f"output shape {tuple(host.shape)} differs from expected {tuple(view.shape)}")
+        if host.dtype != view.dtype:
+            raise Fault(f"output dtype {host.dtype} differs from the case dtype ({view.dtype}): precision must "
+                        f"not change")
+        np.copyto(view, host)
+
+    def _harness_fault(self, phase: str) -> str | None:
+        if self.harness is None:
+            return None
+        changed = self.harness.changed()
+        if not changed:
+            return None
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        return f"harness tampering: {shown} replaced {phase} (timer or harness functions must not be patched)"
+
+    def handle(self, message: tuple, backend=None, fd: int | None = None) -> tuple[str, dict[str, Any]]:
+        """One request -> one reply; a kernel's exception becomes an ``error`` reply, never a crash."""
+        kind = message[0]
+        try:
+            if kind == "job":
+                _, payload = message
+                return "prepared", self.start(backend, payload["case"], payload["layout"], fd)
+            if kind == "batch":
+                _, payload = message
+                return "batch", self.batch(list(payload["slots"]), payload["kind"])
+            if kind == "end":
+                return "ended", self.end()
+            return "error", {"reason": f"unknown request {kind!r}"}
+        except MemoryError as exc:
+            return "error", {"reason": f"out of memory: {exc}".rstrip(": "), "memory": True}
+        except Exception as exc:  # noqa: BLE001 - a failing kernel is a record, never the end of a run
+            return "error", {"reason": f"{type(exc).__name__}: {exc}",
+                             "traceback": "".join(traceback.format_exception(exc)[-6:])}
+
+
+def _nothing() -> None:
+    return None
+
+
+def as_sent(reply: tuple) -> Any:
+    """A reply as the judge receives it from a worker: through JSON (tuples become lists)."""
+    decoded = json.loads(json.dumps(reply, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+    return tuple(decoded) if isinstance(decoded, list) else decoded
+
+
+class LocalChannel:
+    """The judge's channel to a :class:`CallRunner` in this process (trusted backends, ``--no-isolate``):
+    the same requests, the replies through the same JSON encoding as a worker's."""
+
+    def __init__(self, runner: CallRunner, backend) -> None:
+        self.runner, self.backend = runner, backend
+
+    def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
+        return as_sent(self.runner.handle(("job", payload), self.backend, fd))
+
+    def request(self, message: tuple, timeout: float | None) -> Any:
+        return as_sent(self.runner.handle(message))

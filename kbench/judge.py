@@ -1,0 +1,405 @@
+"""The trusted side of an execution: inputs from a per-run secret, verification, clock, verdict.
+
+The judge runs in the parent and never imports candidate code. For one (backend, case) it:
+
+1. draws input content from the run's secret (HMAC of the secret, the case id, the purpose and a
+   counter: a kernel cannot regenerate them) and writes it into a shared-memory arena
+   (:mod:`kbench.calls`), keeping its own copy;
+2. asks the runner (a worker process, or :class:`kbench.calls.LocalChannel` in-process) to call the
+   kernel on named slots, in batches; before each batch it poisons the output slots with NaN, so a
+   reply without outputs is all NaN;
+3. verifies outputs in the arena: NaN/Inf over every element, relative L2 against the float64
+   reference on rows it picks only after the output exists, and the trivial-predictor guard;
+4. accounts for every timed sample with its own clock: every call's start/end stamps must lie inside
+   the batch's window on the parent's monotonic clock, and the samples must explain at least half of
+   the batches' net wall time (the loop's overhead calibrated with an empty kernel in the same runner);
+5. gives every timed call input content never used before, verifies the last output of every batch
+   and one more picked at random after the reply, and judges.
+
+A reply is data to verify, never a verdict: a message the protocol does not expect fails the record.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import mmap
+import os
+import secrets
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from kbench.calls import Layout, anonymous_file
+from kbench.enums import Status
+from kbench.hardware import roofline_point
+from kbench.stats import rel_standard_error, summarize
+from kbench.timing import Timing
+
+#: bytes of input and output slots one execution may hold (the timed pool is sized to fit)
+POOL_MEMORY = 256 * 2**20
+#: most slots in the pool: timed calls per batch at most
+MAX_POOL = 64
+#: a batch of timed calls lasts about this long (fewer round trips for fast kernels)
+TARGET_BATCH_SECONDS = 0.02
+#: an output must be this many times closer to the reference than every trivial predictor
+TRIVIAL_MARGIN = 10.0
+#: the samples must explain at least this fraction of the parent's net batch time (load-proof: a timer
+#: slowed 100x explains 1%)
+EXPLAINED_FRACTION = 0.25
+#: how much machine load may inflate the calibrated loop overhead before time counts as unexplained
+LOAD_FACTOR = 2.0
+#: below this much net batch time (s) the accounting is too coarse to judge
+ACCOUNTING_FLOOR = 0.05
+#: a device sample may exceed its wall stamps by this much (event vs host clock granularity)
+STAMP_SLACK = 1e-4
+
+
+class CheckFailed(Exception):
+    """A wrong answer or a tripped integrity check: the record's status becomes ``failed``."""
+
+
+class KernelError(Exception):
+    """The kernel (or its backend) raised in the runner: the record's status becomes ``error``."""
+
+    def __init__(self, reply: Mapping[str, Any]) -> None:
+        super().__init__(str(reply.get("reason", "error")))
+        self.reply = reply
+
+
+class Abort(Exception):
+    """The runner is gone (crash, timeout, broken channel): ``record`` holds what the channel knows."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(record.get("reason"))
+        self.record = record
+
+
+class ProtocolError(CheckFailed):
+    """A reply the protocol does not allow: forged or corrupted by the code in the runner."""
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+class InputSource:
+    """Input sets of one case derived from the run's secret; never sent anywhere but the arena."""
+
+    def __init__(self, secret: bytes, op, case) -> None:
+        self.secret, self.op, self.case = secret, op, case
+
+    def seed(self, purpose: str, index: int) -> int:
+        msg = f"{self.case.id}\x00{purpose}\x00{index}".encode()
+        return int.from_bytes(hmac.new(self.secret, msg, hashlib.sha256).digest()[:8], "little")
+
+    def make(self, purpose: str, index: int) -> dict[str, np.ndarray]:
+        return self.op.make_inputs(self.case, self.seed(purpose, index))
+
+
+def relative_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    """||got - ref|| / ||ref||; for a zero reference the absolute norm of ``got`` (so zeros pass only zeros)."""
+    diff = float(np.linalg.norm((got - ref).ravel()))
+    norm = float(np.linalg.norm(ref.ravel()))
+    return diff / norm if norm > 0 else diff
+
+
+def tolerance(ctx, case) -> float:
+    return float(ctx.check.tolerance.get(str(case.dtype), ctx.op.tolerance(case)))
+
+
+def trivial_errors(op, case, inputs: Mapping[str, np.ndarray], rows, ref: np.ndarray) -> dict[str, float]:
+    """Errors of answers that need no attention at all: zeros, a constant, uniform weights over visible keys."""
+    errors = {"zeros": relative_l2(np.zeros_like(ref), ref),
+              "a constant (the reference's mean)": relative_l2(np.full_like(ref, ref.mean()), ref)}
+    if "q" in inputs:
+        # q = 0 makes every score equal: the reference is then the mean of the visible values per row
+        uniform = op.reference(case, {**inputs, "q": np.zeros_like(inputs["q"])}, rows)
+        errors["the mean of the visible values"] = relative_l2(uniform, ref)
+    return errors
+
+
+def verify(ctx, case, inputs: Mapping[str, np.ndarray], output: np.ndarray, what: str,
+           rng: np.random.Generator) -> tuple[float, int | None]:
+    """Judge one output (a copy taken from the arena): raises CheckFailed, returns (rel_l2, rows checked)."""
+    op = ctx.op
+    wide = output.astype(np.float32) if output.dtype.itemsize < 4 else output
+    bad = int(np.count_nonzero(~np.isfinite(wide)))
+    if bad:
+        raise CheckFailed(f"{bad} of {output.size} output elements are NaN/Inf (never written, or overflow) on {what}")
+    rows = op.sample_rows(case, ctx.check.max_rows, rng)  # picked now: the output already exists
+    ref = op.reference(case, inputs, rows)
+    got = op.select(case, output, rows).astype(np.float64)
+    err = relative_l2(got, ref)
+    bound = tolerance(ctx, case)
+    rows_checked = None if rows is None else int(len(rows))
+    if not err <= bound:
+        raise CheckFailed(f"relative L2 error {err:.3g} exceeds the {case.dtype} bound {bound:g} on {what}",
+                          {"rel_l2": err, "bound": bound, "rows_checked": rows_checked})
+    if float(np.ptp(ref)) > 0 and got.size and float(np.ptp(got)) == 0.0:
+        raise CheckFailed(f"output is constant ({float(got.ravel()[0]):g} everywhere) while the reference varies, "
+                          f"on {what}")
+    trivial = trivial_errors(op, case, inputs, rows, ref)
+    name, best = min(trivial.items(), key=lambda kv: kv[1])
+    if best > 0 and err * TRIVIAL_MARGIN > best:
+        raise CheckFailed(f"output is not much closer to the reference than {name} (relative L2 {err:.3g} vs "
+                          f"{best:.3g}; an answer must be {TRIVIAL_MARGIN:g}x closer than every trivial predictor, "
+                          f"whatever the tolerance) on {what}",
+                          {"rel_l2": err, "bound": bound, "rows_checked": rows_checked, "trivial": trivial})
+    return err, rows_checked
+
+
+def pool_slots(slot_bytes: int, at_least: int) -> int:
+    return max(at_least, 2, min(MAX_POOL, POOL_MEMORY // max(slot_bytes, 1)))
+
+
+class Judge:
+    """One (backend, case) judged through ``channel`` (see :mod:`kbench.calls` for the runner's side)."""
+
+    def __init__(self, ctx, channel, case, timeout: float | None = None) -> None:
+        self.ctx, self.channel, self.case = ctx, channel, case
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.source = InputSource(ctx.secret, ctx.op, case)
+        self.rng = np.random.default_rng(secrets.randbits(128))   # rows and verified calls: after the fact
+        self.held: dict[int, dict[str, np.ndarray]] = {}           # slot -> the judge's copy of its inputs
+        self.buf: mmap.mmap | None = None
+        self.layout: Layout | None = None
+        self.ended = False
+
+    # -- the channel ---------------------------------------------------------------------------
+
+    def _remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def _expect(self, answer: Any, kind: str) -> dict[str, Any]:
+        if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
+            raise ProtocolError(f"the runner sent a malformed reply ({type(answer).__name__}) where {kind!r} was "
+                                f"expected: forged or corrupted by the kernel")
+        got, payload = answer
+        if got == "error":
+            raise KernelError(payload)
+        if got != kind:
+            raise ProtocolError(f"the runner sent {str(got)[:40]!r} where {kind!r} was expected (a forged message? "
+                                f"records are made by the judge, never by the runner)")
+        return payload
+
+    def _write(self, slot: int, inputs: dict[str, np.ndarray]) -> None:
+        for name, view in self.layout.input_views(self.buf, slot).items():
+            np.copyto(view, inputs[name])
+        self.held[slot] = inputs
+
+    def _batch(self, slots: list[int], kind: str) -> tuple[list[float], float]:
+        """Samples of one batch and the parent's wall time of it; stamps checked against the parent's clock."""
+        for s in slots:
+            self.layout.output_view(self.buf, s)[...] = np.nan
+        start = time.perf_counter_ns()
+        answer = self.channel.request(("batch", {"slots": slots, "kind": kind}), self._remaining())
+        stop = time.perf_counter_ns()
+        reply = self._expect(answer, "batch")
+        samples, stamps = reply.get("samples"), reply.get("stamps")
+        if reply.get("fault"):
+            raise CheckFailed(str(reply["fault"]))
+        if not (isinstance(samples, list) and isinstance(stamps, list) and len(samples) == len(stamps) == len(slots)):
+            raise ProtocolError(f"the runner's {kind} batch reply does not hold one sample and one stamp per call")
+        last = start
+        for i, (t, stamp) in enumerate(zip(samples, stamps)):
+            ok = (isinstance(t, float) and math.isfinite(t) and t >= 0 and isinstance(stamp, (tuple, list))
+                  and len(stamp) == 2 and all(isinstance(x, int) for x in stamp))
+            if not ok:
+                raise ProtocolError(f"call {i + 1} of a {kind} batch has a malformed sample or stamp")
+            begin, end = stamp
+            if not last <= begin <= end <= stop:
+                raise CheckFailed(f"samples do not add up: call {i + 1} of a {kind} batch claims to run outside the "
+                                  f"parent's clock window of the batch (timers patched or samples forged)")
+            if t > (end - begin) * 1e-9 + STAMP_SLACK:
+                raise CheckFailed(f"samples do not add up: call {i + 1} of a {kind} batch reports {t:.3g} s in "
+                                  f"{(end - begin) * 1e-9:.3g} s of its own stamps")
+            last = end
+        self.threads = reply.get("threads")
+        return [float(t) for t in samples], (stop - start) * 1e-9
+
+    def _output(self, slot: int) -> np.ndarray:
+        return np.array(self.layout.output_view(self.buf, slot), copy=True)
+
+    # -- the phases ----------------------------------------------------------------------------
+
+    def run(self, rec: dict[str, Any]) -> dict[str, Any]:
+        ctx, case, op = self.ctx, self.case, self.ctx.op
+        checks = [self.source.make("check", i) for i in range(ctx.check.seeds)]
+        layout = Layout.plan(checks[0], op.output_shape(case), case.dtype.numpy, 1)
+        slots = pool_slots(layout.slot_bytes, len(checks))
+        self.layout = layout = Layout.plan(checks[0], op.output_shape(case), case.dtype.numpy, slots)
+        fd = anonymous_file(layout.nbytes)
+        try:
+            self.buf = mmap.mmap(fd, layout.nbytes)
+            prepared = self._expect(self.channel.start({"case": case, "layout": layout}, fd, self._remaining()),
+                                    "prepared")
+        finally:
+            os.close(fd)
+        if prepared.get("skip"):
+            return {"status": Status.SKIPPED.value, "reason": str(prepared["skip"])}
+        info = prepared.get("backend_info")
+        rec["backend_info"] = info if isinstance(info, dict) else None
+        if prepared.get("fault"):
+            raise CheckFailed(str(prepared["fault"]))
+        integrity = rec.setdefault("integrity", {"checks": []})
+        rec["correctness"] = self.correctness(checks)
+        timing, accounting = self.timing(rec["correctness"]["call_seconds"])
+        rec["timing"] = {**timing.to_json(), "accounting": accounting}
+        stats = summarize(timing.samples)
+        rec["stats"] = stats
+        integrity["threads"] = dict(zip(("python", "native"), self.threads or (None, None)))
+        integrity["timed_inputs"] = "new content for every timed call"
+        integrity["checks"] += ["secret_inputs", "parent_verifies", "rows_after_output", "nan_every_element",
+                                "trivial_predictors", "parent_clock", "timed_outputs", "poisoned_output",
+                                "input_fingerprints", "no_aliasing", "late_writes", "threads", "roofline"]
+        metrics = roofline_point(ctx.hardware, str(case.dtype), op.flops(case), op.min_bytes(case), stats["median"])
+        metrics["footprint"] = op.footprint(case)
+        rec["metrics"] = metrics
+        ended = self._expect(self.channel.request(("end",), self._remaining()), "ended")
+        self.ended = True
+        telemetry = ended.get("telemetry")
+        rec["telemetry"] = telemetry if isinstance(telemetry, dict) else None
+        if metrics.get("impossible"):
+            raise CheckFailed(f"impossible rate: {metrics['tflops']:.3g} TFLOP/s is {metrics['roof_fraction']:.2f}x "
+                              f"the {metrics['bound']} roof of {ctx.hardware.name} (work skipped, cached or done "
+                              f"outside the timed region)")
+        return {"status": Status.PASSED.value}
+
+    def correctness(self, checks: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Every check set called once; every output judged here, on rows picked after it exists."""
+        slots = list(range(len(checks)))
+        for slot, inputs in zip(slots, checks):
+            self._write(slot, inputs)
+        durations, _ = self._batch(slots, "check")
+        errors, rows_checked = [], None
+        for trial, slot in enumerate(slots):
+            try:
+                err, rows_checked = verify(self.ctx, self.case, self.held[slot], self._output(slot),
+                                           f"trial {trial}", self.rng)
+            except CheckFailed as exc:
+                if len(exc.args) > 1:
+                    exc.args[1].update({"seeds": trial + 1, "per_seed": errors + [exc.args[1]["rel_l2"]]})
+                raise
+            errors.append(err)
+        return {"rel_l2": max(errors), "bound": tolerance(self.ctx, self.case), "seeds": len(errors),
+                "rows_checked": rows_checked, "per_seed": errors, "call_seconds": durations}
+
+    def timing(self, check_seconds: list[float]) -> tuple[Timing, dict[str, Any]]:
+        """Adaptive sampling in batches, every call on new content, accounted for by the parent's clock."""
+        settings, layout = self.ctx.timing, self.layout
+        guess = max(min(check_seconds), 1e-7)
+        per_batch = int(min(layout.slots, max(1, math.ceil(TARGET_BATCH_SECONDS / guess))))
+        slots = list(range(per_batch))
+        # warm-up on the contents already in the arena (not verified: nothing of it is reported)
+        clock = time.perf_counter
+        begin = clock()
+        warm = 0
+        while warm < max(settings.warmup_calls, 1) or clock() - begin < settings.warmup_time:
+            n = min(per_batch, max(1, max(settings.warmup_calls, 1) - warm)) if settings.warmup_time <= 0 else per_batch
+            self._batch(slots[:n], "warmup")
+            warm += n
+        warm_time = clock() - begin
+        # the loop's own cost per call, from an empty kernel through the same loop (the least of two)
+        overhead = min(max(0.0, (w - sum(s)) / per_batch) for s, w in (self._batch(slots, "empty") for _ in range(2)))
+        samples: list[float] = []
+        walls = 0.0
+        counter = 0
+        reason = "max_samples"
+        begin = clock()
+        while len(samples) < settings.max_samples:
+            n = min(per_batch, settings.max_samples - len(samples))
+            for slot in slots[:n]:
+                self._write(slot, self.source.make("timed", counter))
+                counter += 1
+            got, wall = self._batch(slots[:n], "timed")
+            walls += wall
+            for i, slot in enumerate(slots[:n]):  # NaN/Inf over every element of every timed output
+                out = self.layout.output_view(self.buf, slot)
+                wide = out.astype(np.float32) if out.dtype.itemsize < 4 else out
+                if not np.isfinite(wide).all():
+                    raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
+                                      f"garbage results when timed): {int(np.count_nonzero(~np.isfinite(wide)))} of "
+                                      f"{out.size} output elements are NaN/Inf on timed call {counter - n + i + 1}")
+            # verified after the reply: the last call, and one the runner could not know in advance
+            for slot in sorted({slots[n - 1], slots[int(self.rng.integers(n))]}):
+                try:
+                    verify(self.ctx, self.case, self.held[slot], self._output(slot), "a timed call", self.rng)
+                except CheckFailed as exc:
+                    raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
+                                      f"garbage results when timed): {exc.args[0]}") from None
+            samples += got
+            if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
+                if rel_standard_error(samples) < settings.target_rel_se:
+                    reason = "noise_target"
+                    break
+            if clock() - begin >= settings.max_time and len(samples) >= 2:
+                reason = "time_limit"
+                break
+        # the loop's overhead may double under load; what is left must be at least half kernel time
+        net = walls - LOAD_FACTOR * overhead * len(samples)
+        accounting = {"parent_seconds": walls, "sample_seconds": sum(samples), "overhead_per_call": overhead,
+                      "calls_per_batch": per_batch, "batches": math.ceil(len(samples) / per_batch),
+                      "explained": sum(samples) / net if net > 0 else 1.0}
+        if net > ACCOUNTING_FLOOR and sum(samples) < EXPLAINED_FRACTION * net:
+            raise CheckFailed(f"samples do not add up: the runner reported {sum(samples):.3g} s of kernel time in "
+                              f"batches the parent timed at {walls:.3g} s (calibrated loop overhead "
+                              f"{overhead * len(samples):.3g} s, allowed {LOAD_FACTOR:g}x that): timers patched or "
+                              f"samples forged")
+        return Timing(samples, reason, warm, warm_time, clock() - begin), accounting
+
+    def close(self) -> None:
+        if self.buf is not None:
+            try:
+                self.buf.close()
+            except BufferError:
+                pass
+            self.buf = None
+
+
+def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None) -> dict[str, Any]:
+    """One record for (backend, case), made here from what the channel's runner reports."""
+    from kbench.execute import base_record
+
+    t0 = time.perf_counter()
+    rec = base_record(backend_name, case, ctx.device.name)
+    rec["integrity"] = {"checks": []}
+    j = Judge(ctx, channel, case, timeout)
+    try:
+        rec.update(j.run(rec))
+    except Abort as exc:
+        keep = {k: v for k, v in rec.items() if k in ("backend_info", "correctness", "integrity")}
+        rec = {**exc.record, **keep}
+    except CheckFailed as exc:
+        rec["status"], rec["reason"] = Status.FAILED.value, str(exc.args[0])
+        if len(exc.args) > 1 and isinstance(exc.args[1], dict):
+            rec["correctness"] = exc.args[1]
+        _end(channel, j)
+    except KernelError as exc:
+        rec["status"] = Status.ERROR.value
+        rec["reason"] = str(exc.reply.get("reason"))
+        if exc.reply.get("failed"):  # refused by the worker's guard: the kernel did what it may not
+            rec["status"] = Status.FAILED.value
+        if exc.reply.get("traceback"):
+            rec["traceback"] = str(exc.reply["traceback"])
+        _end(channel, j)
+    except MemoryError as exc:
+        rec["status"], rec["reason"] = Status.ERROR.value, f"out of memory: {exc}".rstrip(": ")
+        _end(channel, j)
+    finally:
+        j.close()
+    if rec.get("status") == Status.SKIPPED.value:
+        rec.pop("integrity", None)
+    rec["duration"] = time.perf_counter() - t0
+    return rec
+
+
+def _end(channel, j: Judge) -> None:
+    """Release the runner's kernel and arena after a failure (a runner that is gone needs nothing)."""
+    if j.ended:
+        return
+    try:
+        channel.request(("end",), j._remaining() or 5.0)
+    except Exception:  # noqa: BLE001 - the record is decided; the channel's state is the worker's problem
+        pass

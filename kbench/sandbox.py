@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -310,6 +311,19 @@ def kill_strays() -> str | None:
             pass
     if not strays:
         return None
+    deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously: dead before the record leaves
+    while any(_alive(pid) for pid, _ in strays) and time.monotonic() < deadline:
+        time.sleep(0.01)
     listed = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in strays[:3])
     return (f"left {len(strays)} process{'es' * (len(strays) > 1)} running after the call ({listed}"
             f"{'; ...' if len(strays) > 3 else ''}); killed")
+
+
+def _alive(pid: int) -> bool:
+    """Not yet dead: neither gone nor a zombie waiting for the namespace's init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")

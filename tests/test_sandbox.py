@@ -353,3 +353,18 @@ def test_trusted_workers_get_a_memory_limit_too(tmp_path):
         expected = pool.memory_limit()
     line = next(ln for ln in limits.splitlines() if ln.startswith("Max address space"))
     assert expected and line.split()[3:5] == [str(expected), str(expected)]
+
+
+@needs_sandbox
+def test_cuda_workers_get_the_gpu_device_nodes(tmp_path):
+    cmd = bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path), cuda=True)
+    pairs = {(cmd[i], cmd[i + 1]) for i in range(len(cmd) - 1)}
+    assert all(("--dev-bind-try", node) in pairs for node in sandbox.gpu_device_nodes())
+    assert ("--ro-bind-try", "/sys") in pairs
+    assert "--dev-bind-try" not in bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path), cuda=False)
+    # and such a sandbox starts (with the nodes this machine has: none without a GPU)
+    code = "import json, os; print(json.dumps(os.listdir('/dev')))"
+    proc = subprocess.run(cmd[:-1] + [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=sandbox_environment({}, str(tmp_path)))
+    devices = result(proc)
+    assert {Path(n).name for n in sandbox.gpu_device_nodes()} <= set(devices) and "null" in devices

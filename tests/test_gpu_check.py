@@ -72,6 +72,26 @@ def test_an_overrunning_stage_is_stopped_and_the_later_stages_run_on_its_partial
     assert "suite    timeout" in table and "stopped after its budget of 2 s" in table
 
 
+def test_a_stage_function_that_runs_out_of_time_is_a_timeout_and_sees_the_environment_chosen_before(tmp_path):
+    ctx = _context(tmp_path)
+
+    def choose(ctx, deadline):  # what the install stage's fallback does
+        ctx.env["KBENCH_GPU_CHECK_PYTEST_PLUGIN"] = "kbench.testing"
+        return 0
+
+    seen = []
+
+    def tests(ctx, deadline):
+        seen.append(gpu_check.pytest_command(ctx))
+        code, timed_out = gpu_check.run_command(ctx, [sys.executable, "-c", "import time; time.sleep(60)"], deadline)
+        return gpu_check.TIMED_OUT if timed_out else code
+
+    outcomes = gpu_check.run_stages(ctx, [gpu_check.Stage("install", 5, func=choose),
+                                          gpu_check.Stage("tests", 1.0, func=tests)])
+    assert [(o.name, o.status) for o in outcomes] == [("install", "ok"), ("tests", "timeout")]
+    assert seen[0][seen[0].index("-p", seen[0].index("no:cacheprovider")) + 1] == "kbench.testing"
+
+
 def test_summary_of_nothing_is_a_skeleton():
     text = gpu_check.summarize(None)
     assert "PARTIAL (no result file was written)" in text and "(no records)" in text and "case (TFLOP/s)" in text

@@ -19,6 +19,12 @@ from kbench.history.runs import environment_changes, load_runs
 SEEDS = range(10)
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    """The commands keep a cache in the user's cache directory: a test's own, here."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 def _step_run(seed: int) -> int:
     return int(np.random.default_rng(1000 + seed).integers(5, 26))
 
@@ -195,7 +201,7 @@ def test_the_cache_spares_reading_unchanged_files_and_rereads_changed_ones(tmp_p
     first = load_runs([tmp_path / "r"], cache=cache, jobs=1)
     doc = json.loads(cache.read_text())
     key = next(k for k in doc["runs"] if k.startswith(str(paths[1].resolve())))
-    doc["runs"][key]["points"][0][4] = 123.0  # what the cache says of run 1, to see that it is believed
+    doc["runs"][key]["points"][0][3] = 123.0  # what the cache says of run 1, to see that it is believed
     cache.write_text(json.dumps(doc))
     assert load_runs([tmp_path / "r"], cache=cache, jobs=1)[1].points[0].median == 123.0
     data = json.loads(paths[1].read_text())
@@ -214,3 +220,15 @@ def test_reading_in_processes_gives_the_same_runs_and_names_a_bad_file(tmp_path)
     with pytest.raises(BadInput) as err:
         load_runs([tmp_path / "r"], jobs=2)
     assert err.value.file == str(bad) and "re-run" in err.value.fix
+
+
+def test_regressions_after_publish_reads_the_runs_from_the_shared_cache(tmp_path):
+    hs.write_history(tmp_path / "r", seed=11, n=30, step_at=20, step=0.06)
+    assert invoke("publish", tmp_path / "r", "-o", tmp_path / "site").exit_code == 0
+    (cache,) = (tmp_path / "xdg-cache" / "kbench").glob("history-*.json")
+    doc = json.loads(cache.read_text())
+    for run in doc["runs"].values():  # the cache says: every median 1 ms, so no step
+        run["points"] = [p[:3] + [1e-3, 0.999e-3, 1.001e-3] + p[6:] for p in run["points"]]
+    cache.write_text(json.dumps(doc))
+    assert json.loads(invoke("regressions", tmp_path / "r", "--format", "json").output)["steps"] == []
+    assert len(json.loads(invoke("regressions", tmp_path / "r", "--format", "json", "--no-cache").output)["steps"]) == 1

@@ -20,6 +20,12 @@ COMMITTED = [REPO / "results" / "cpu-amd-epyc-2c" / "attention-20261129-183310.j
              REPO / "results" / "cpu-amd-epyc-2c" / "calibration.json"]
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """The commands keep a cache in the user's cache directory: the tests' own, here."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
@@ -43,7 +49,7 @@ def site(tmp_path_factory):
     _make_lineage(lineages, root / "results" / "cpu-test-2c")
     out = root / "site"
     res = invoke("publish", root / "committed", root / "results", "-o", out, "--lineages", lineages,
-                 "--commit-url", "https://example.org/commit/{commit}")
+                 "--commit-url", "https://example.org/commit/{commit}", "--cache", root / "cache.json")
     assert res.exit_code == 0, res.output
     return out, root
 

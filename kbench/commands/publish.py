@@ -49,7 +49,7 @@ def _compare_latest(keyword: str | None):
 @click.option("--commit-url", metavar="TEMPLATE",
               help="Link of a commit, with {commit}: e.g. https://github.com/ORG/REPO/commit/{commit}.")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path),
-              help="File of result files already read (default: SITE_DIR/.kbench-publish-cache.json).")
+              help="File of result files already read (default: one per RESULTS_DIRs in ~/.cache/kbench).")
 @click.option("--no-cache", is_flag=True, help="Read every result file again.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Processes reading result files (default: CPUs).")
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
@@ -63,16 +63,15 @@ def publish_command(results_dirs, output, repo, mix_machines, lineages, results_
     one, every step found, and evolve lineages with --lineages. Opens from the file system; see docs/history.md.
     """
     from kbench.errors import BadInput
-    from kbench.history import load_histories
+    from kbench.history import default_cache, load_histories
     from kbench.history.lineages import load_lineages
     from kbench.history.site import Links, write_site
 
     if commit_url and "{commit}" not in commit_url:
         raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
                        fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
-    cache = None if no_cache else (cache or output / ".kbench-publish-cache.json")
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
-                                 jobs=jobs)
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
+                                 cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs)
     lins = load_lineages(lineages) if lineages else []
     links = Links(output, results_url, Path(results_dirs[0]) if results_url else None, commit_url)
     counts = write_site(output, hists, lins, links, _compare_latest(keyword))

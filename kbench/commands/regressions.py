@@ -34,11 +34,13 @@ def parse_threshold(text: str) -> float:
               help="Git repository whose commit dates order the runs (default: the one holding RESULTS_DIR).")
 @click.option("--mix-machines", is_flag=True, help="One history of all machines (default: one per machine).")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path),
-              help="File of result files already read (e.g. the one `kbench publish` keeps in its SITE_DIR).")
+              help="File of result files already read (default: one per RESULTS_DIRs in ~/.cache/kbench).")
+@click.option("--no-cache", is_flag=True, help="Read every result file again.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Processes reading result files (default: CPUs).")
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines, cache, jobs, keyword, fmt):
+def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines, cache, no_cache, jobs, keyword,
+                        fmt):
     """Find steps in the history of every (case, backend) of the result files under RESULTS_DIR.
 
     Each series is the median time over the runs of one machine, ordered by commit date. A step is a
@@ -48,14 +50,14 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
 
     Exit status: 0; 1 with --fail when a slower step beyond --threshold lies after --since; 2 on bad input.
     """
-    from kbench.history import default_repo, load_histories
+    from kbench.history import default_cache, default_repo, load_histories
     from kbench.history.regressions import beyond, find_steps, in_range, resolve_since, sort_found
     from kbench.tables import render
 
     limit = parse_threshold(threshold)
     repo = repo or default_repo(results_dirs)
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
-                                 jobs=jobs)
+    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
+                                 cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs)
     start = resolve_since(since, runs, repo) if since else None
     found, unconfirmed = [], []
     for h in hists:

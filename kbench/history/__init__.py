@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from kbench.history.runs import Run, default_repo, load_runs
+from kbench.history.runs import Run, default_cache, default_repo, load_runs
 from kbench.history.series import History, histories
 
 

@@ -203,23 +203,36 @@ def default_repo(paths: Sequence[str | Path]) -> Path | None:
     return None
 
 
-#: bump when ``Run``/``Point`` change: older caches are then ignored
-CACHE_VERSION = 1
+#: bump when ``Run``/``Point`` or the cache's layout change: older caches are then ignored
+CACHE_VERSION = 2
 
 
-def run_to_json(run: Run) -> dict[str, Any]:
+def default_cache(paths: Sequence[str | Path]) -> Path:
+    """Where the runs read from these directories are kept between commands: the user's cache directory
+    (``$XDG_CACHE_HOME``, else ``~/.cache``), one file per set of directories, so ``kbench regressions``
+    after ``kbench publish`` of the same results reads nothing again."""
+    import hashlib
+
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbench"
+    key = "|".join(sorted(str(Path(p).resolve()) for p in paths))
+    return root / f"history-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+
+
+def run_to_json(run: Run, cases: dict[str, Any]) -> dict[str, Any]:
+    """A run for the cache; each case's parameters go once into ``cases`` (a thousand runs repeat them)."""
+    for p in run.points:
+        cases.setdefault(p.case_id, dict(p.case))
     return {"path": str(run.path), "id": run.id, "machine_id": run.machine_id, "device": run.device,
             "suite": run.suite, "created": run.created.isoformat(), "commit": run.commit, "dirty": run.dirty,
             "complete": run.complete, "environment": run.environment, "statuses": run.statuses,
-            "points": [[p.op, p.case_id, dict(p.case), p.backend, p.median, p.ci_low, p.ci_high, p.n, p.min]
-                       for p in run.points]}
+            "points": [[p.op, p.case_id, p.backend, p.median, p.ci_low, p.ci_high, p.n, p.min] for p in run.points]}
 
 
-def run_from_json(d: Mapping[str, Any]) -> Run:
+def run_from_json(d: Mapping[str, Any], cases: Mapping[str, Any]) -> Run:
     return Run(path=Path(d["path"]), id=d["id"], machine_id=d["machine_id"], device=d["device"], suite=d["suite"],
                created=_dt.datetime.fromisoformat(d["created"]), commit=d["commit"], dirty=d["dirty"],
                complete=d["complete"], environment=dict(d["environment"]), statuses=dict(d["statuses"]),
-               points=[Point(*p) for p in d["points"]])
+               points=[Point(op, case_id, cases[case_id], *rest) for op, case_id, *rest in d["points"]])
 
 
 def _file_key(path: Path) -> str:
@@ -259,28 +272,33 @@ def load_runs(paths: Sequence[str | Path], *, repo: Path | None = None, cache: P
 
     ``cache``: a JSON file of reduced runs keyed by path, size and modification time, so a nightly
     publish reads only the new result files (reading validates every file against the schema, which
-    is most of the cost). ``jobs``: processes that read files (default: one per CPU).
+    is most of the cost; see ``default_cache``). ``jobs``: processes that read files (default: one per CPU).
     """
     files = find_result_files(paths)
     cached: dict[str, Any] = {}
+    cases: dict[str, Any] = {}
     if cache is not None and cache.is_file():
         try:
             doc = json.loads(cache.read_text(encoding="utf-8"))
             if doc.get("version") == CACHE_VERSION:
-                cached = doc.get("runs") or {}
-        except (ValueError, OSError):
-            cached = {}  # a damaged cache is only a slower publish
+                cached, cases = doc["runs"], doc["cases"]
+        except (ValueError, OSError, KeyError, TypeError):
+            cached, cases = {}, {}  # a damaged cache is only a slower publish
     keys = [_file_key(f) for f in files]
     missing = [f for f, k in zip(files, keys) if k not in cached]
     fresh = dict(zip((_file_key(f) for f in missing), _read_all(missing, jobs or os.cpu_count() or 1)))
-    runs = [fresh[k] if k in fresh else run_from_json(cached[k]) for k in keys]
+    runs = [fresh[k] if k in fresh else run_from_json(cached[k], cases) for k in keys]
     for f, r in zip(files, runs):
         r.path = f  # the path as given (links are made relative to it), whatever the cache stored
     if cache is not None and fresh:
         from kbench.results import atomic_write_json
 
-        atomic_write_json(cache, {"version": CACHE_VERSION,
-                                  "runs": {k: run_to_json(r) for k, r in zip(keys, runs)}})
+        cases = {}
+        stored = {k: run_to_json(r, cases) for k, r in zip(keys, runs)}
+        try:
+            atomic_write_json(cache, {"version": CACHE_VERSION, "cases": cases, "runs": stored})
+        except OSError:
+            pass  # a cache that cannot be written (read-only home) only makes the next command slower
     times = commit_times((r.commit for r in runs if r.commit), repo)
     for r in runs:
         r.commit_time = times.get(r.commit) if r.commit else None

@@ -184,7 +184,7 @@ class Registry:
 
         A pattern with settings (``numpy-flash[block_q=64]``) configures every backend it matches;
         several settings of one backend are separate backends. An exclusion without settings
-        removes every setting of the backends it matches; with settings, that exact one.
+        removes every setting of the backends it matches; with settings, those configured with them.
         """
         parsed = [p if isinstance(p, BackendPattern) else BackendPattern.parse(p) for p in patterns]
         mine = sorted((b for b in self.backends.values() if b.op == op), key=lambda b: b.name)
@@ -211,11 +211,8 @@ class Registry:
         for pattern in (p for p in parsed if p.exclude):
             for name, backend in list(chosen.items()):
                 base = backend.base_name or backend.name
-                if pattern.settings:
-                    if fnmatch.fnmatchcase(base, pattern.pattern) and \
-                            name == backend.configure(dict(pattern.settings)).name:
-                        del chosen[name]
-                elif fnmatch.fnmatchcase(base, pattern.pattern):
+                if fnmatch.fnmatchcase(base, pattern.pattern) and \
+                        all(k in backend.configured and backend.configured[k] == v for k, v in pattern.settings):
                     del chosen[name]
         return sorted(chosen.values(), key=lambda b: b.base_name or b.name)  # stable: settings in given order
 

@@ -114,6 +114,8 @@ def test_several_settings_of_one_backend_are_separate_backends(pm):
                                                      "!numpy-flash[block_q=16]"])
     assert [b.name for b in some] == ["numpy-flash[block_q=64]"]
     assert pm.registry.select_backends("attention", ["numpy-flash[block_q=16]", "!numpy-flash"]) == []
+    kept = pm.registry.select_backends("attention", ["numpy", "numpy-flash[block_q=16]", "!numpy*[block_q=16]"])
+    assert [b.name for b in kept] == ["numpy"]  # numpy has no block_q: the exclusion passes it by
     with pytest.raises(BadInput, match="no backend of op 'attention' matches 'numpy-flsh'.*did you mean 'numpy-flash'"):
         pm.registry.select_backends("attention", ["numpy-flsh[block_q=16]"])
 

@@ -60,6 +60,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "KbenchError": ("kbench.errors", "KbenchError"),
     "BadInput": ("kbench.errors", "BadInput"),
     "PluginError": ("kbench.errors", "PluginError"),
+    "Unsupported": ("kbench.unsupported", "Unsupported"),
     "PluginWarning": ("kbench.plugins", "PluginWarning"),
     "RegistrationWarning": ("kbench.registry", "RegistrationWarning"),
     # op helpers
@@ -117,6 +118,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
                                         to_device_array, torch_dtype)
     from kbench.enums import DType, Status
     from kbench.errors import BadInput, KbenchError, PluginError
+    from kbench.unsupported import Unsupported
     from kbench.hardware import (PROFILE_FILE_SCHEMA, HardwareProfile, load_profiles, match_profile,
                                  profiles_from_data)
     from kbench.kernelfile import Substrate

@@ -12,8 +12,23 @@ from kbench_evolve.store import Lineage, read_jsonl
 from evolve_testlib import bad_seed_source
 
 
+def suite_file(tmp_path) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text("version: 1\nname: s\nop: attention\ngrid: [{seqlen: 16}]\n")
+    return str(path)
+
+
+def test_lineage_keeps_its_suite_by_content_and_works_from_another_directory(tmp_path, monkeypatch):
+    lin = Lineage.create(tmp_path / "ws", "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
+    stored = lin.meta["suite"]
+    assert stored.startswith("suites/") and lin.meta["suite_origin"] == str((tmp_path / "s.yaml").resolve())
+    (tmp_path / "s.yaml").write_text("changed later")  # the original may change or go: the copy stays
+    monkeypatch.chdir(tmp_path / "ws")
+    assert open(lin.current_suite()).read().startswith("version: 1") and lin.current_suite_record() == stored
+
+
 def test_commit_numbers_versions_and_champion_is_newest(tmp_path):
-    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
     v1 = lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
     v2 = lin.commit("A = 2\n", {"geomean": 2.0, "parent": 1, "suite": "s.yaml"})
     assert (v1.label, v2.label) == ("v1", "v2")
@@ -22,11 +37,11 @@ def test_commit_numbers_versions_and_champion_is_newest(tmp_path):
     with pytest.raises(BadInput, match="no version"):
         lin.version("v9")
     with pytest.raises(BadInput, match="already exists"):
-        Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+        Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
 
 
 def test_half_written_version_from_a_kill_is_ignored_and_cleaned(tmp_path):
-    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
     lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
     stale = lin.root / "versions" / ".tmp-abc"
     stale.mkdir()
@@ -38,7 +53,7 @@ def test_half_written_version_from_a_kill_is_ignored_and_cleaned(tmp_path):
 
 
 def test_attempts_log_survives_a_torn_last_line(tmp_path):
-    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path="s.yaml")
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
     lin.log_attempt({"outcome": "rejected", "reason": "slow"})
     with open(lin.attempts_path, "a") as fh:
         fh.write('{"outcome": "rejec')  # killed mid-append

@@ -10,6 +10,7 @@ import kbench
 from kbench_torch.cudnn_backend import CudnnFrontendSDPA
 from kbench_torch.flash import flash_backends
 from kbench_torch.sdpa import TorchSDPA, cuda_backends
+from kbench_torch.substrate import TorchCPUSubstrate
 
 
 @kbench.hookimpl
@@ -20,6 +21,11 @@ def kbench_register_backends(registry):
     for backend in flash_backends():
         registry.add_backend(backend)
     registry.add_backend(CudnnFrontendSDPA())
+
+
+@kbench.hookimpl
+def kbench_register_kernel_substrates(registry):
+    registry.add_substrate(TorchCPUSubstrate())  # SUBSTRATE = "torch": CPU kernel files in torch ops
 
 
 @kbench.hookimpl

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-#: seconds per stage; with a grace period per stage the worst case is 289 s, under 5 minutes (docs/gpu.md)
-BUDGETS = {"machine": 8.0, "install": 30.0, "list": 20.0, "suite": 160.0, "summary": 8.0, "tests": 45.0}
+#: seconds per stage; with a grace period per stage the worst case is 296 s, under 5 minutes (docs/gpu.md).
+#: The suite gets most: its table is what the check is for; the budgets are estimates until a GPU run.
+BUDGETS = {"machine": 5.0, "install": 25.0, "list": 15.0, "suite": 185.0, "summary": 8.0, "tests": 40.0}
 #: what a stage function returns when it ran out of time
 TIMED_OUT = 124
 #: seconds between SIGTERM and SIGKILL of an overrunning stage (kbench run finishes its file on SIGTERM)

@@ -57,3 +57,22 @@ def test_large_cases_go_to_the_hook_small_ones_stay_on_the_host(kbench_pm, monke
     assert probe.CALLS == [large.id] and offloaded.shape == (1, 1024, 8, 64) and np.all(offloaded == probe.MARK)
     assert host.shape == (1, 64, 2, 32) and np.all(np.isfinite(host))
     sys.modules.pop("reference_probe_plugin", None)
+
+
+@pytest.mark.gpu
+def test_gpu_reference_equals_the_host_one_on_a_gpu(kbench_pm):
+    pytest.importorskip("cupy")
+    from kbench_cuda import runtime
+
+    if runtime.unavailable_reason() is not None:
+        pytest.skip(f"no usable CUDA GPU: {runtime.unavailable_reason()}")
+    op = kbench_pm.registry.ops["attention"]
+    case = make_case(kbench_pm, batch=1, seqlen_q=1000, seqlen_kv=1500, heads_q=8, heads_kv=2, head_dim=128,
+                     causal=True, dtype="bf16")
+    inputs = op.make_inputs(case, 0)
+    rows = np.array([0, 1, 500, 998, 999])
+    got = reference.gpu_reference(case, inputs, rows)
+    q = inputs["q"][:, rows]
+    want = attention_op.attention_float64(q, inputs["k"], inputs["v"], causal=True,
+                                          scale=attention_op.softmax_scale(case), rows=rows, seqlen_q=1000)
+    assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-10

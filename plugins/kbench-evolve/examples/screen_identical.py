@@ -30,7 +30,7 @@ def main() -> int:
     for i in range(args.tries):
         copy = lineage.scratch("candidates") / f"screen-copy-{i}.py"
         atomic_write_text(copy, champ.source + f"\n# screening copy {i}\n")
-        a, b = ev.measure_pair(champ.kernel_path, copy, label=f"screen-copy-{i}")
+        a, b = ev.measure_pair(champ.kernel_path, copy, label=f"screen-copy-{i}", bracket=True)
         keep, why = screen_verdict(a.samples, b.samples, seed=i)
         dropped += not keep
         print(f"try {i + 1}: {'kept' if keep else 'DROPPED'}: {why}; geomean champion {a.geomean:.4g}, "

@@ -217,7 +217,8 @@ class VariationContext:
         self._bench_call()
         path = self._candidate_file(source)
         try:
-            champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen")
+            champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
+                                                               bracket=True)
         except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
             self.lineage.log_attempt({**base, "outcome": "environment", "reason": str(exc)[:500]})
             self.save()

@@ -263,9 +263,18 @@ class Evaluator:
         return self.run([kernel], label=label, keyword=keyword, check_only=check_only)[0]
 
     def measure_pair(self, champion: str | Path, candidate: str | Path, *, label: str, keyword: str | None = None,
-                     candidate_first: bool = False) -> tuple[Measurement, Measurement]:
-        """Champion and candidate in one run, case by case: the same conditions for both."""
-        if candidate_first:
+                     candidate_first: bool = False, bracket: bool = False) -> tuple[Measurement, Measurement]:
+        """Champion and candidate in one run, case by case: the same conditions for both.
+
+        ``bracket``: the champion runs before *and* after the candidate in each case (A B A, from a
+        copy of its file), its samples pooled, so neither position nor drift within the case favours
+        either; a screening verdict rests on one run, so it gets this symmetry.
+        """
+        if bracket:
+            again = self._champion_copy(champion)
+            a, b, a2 = self.run([champion, candidate, again], label=label, keyword=keyword)
+            a = a.merge(a2)
+        elif candidate_first:
             b, a = self.run([candidate, champion], label=label, keyword=keyword)
         else:
             a, b = self.run([champion, candidate], label=label, keyword=keyword)
@@ -274,6 +283,18 @@ class Evaluator:
             raise EnvironmentFailure("the champion itself failed on re-measurement (environment changed?): "
                                      + "; ".join(list(a.failures.values())[:2]))
         return a, b
+
+    def _champion_copy(self, champion: str | Path) -> Path:
+        """The champion's source under another file name (another backend name in the same run)."""
+        import hashlib
+
+        text = Path(champion).read_text(encoding="utf-8")
+        path = self.runs_dir.parent / "candidates" / f"champion-again-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
+        if not path.is_file():
+            from kbench_evolve.store import atomic_write_text
+
+            atomic_write_text(path, text)
+        return path
 
     def duel(self, champion: str | Path, candidate: str | Path, *, seed: int = 0,
              first: tuple[Measurement, Measurement] | None = None) -> Decision:

@@ -59,8 +59,9 @@ def test_infrastructure_records_are_told_apart_from_the_kernels_failures():
 
 @pytest.mark.parametrize("max_outage, expected", [(100.0, "finished"), (4.0, "environment")])
 def test_unattended_waits_through_an_outage_with_capped_backoff(pm, lineage, monkeypatch, max_outage, expected):
-    # every refused record asks the probe once: 4 per paired run (2 kernels x 2 cases); 4 outages in a row
-    broken_sandbox(monkeypatch, calls=16)
+    # every refused record asks the probe once: 6 per screening run (champion, candidate, champion again
+    # x 2 cases); 4 outages in a row
+    broken_sandbox(monkeypatch, calls=24)
     waits: list[float] = []
     opts = {"rounds": 1, "infra_retries": 0, "unattended": True, "max_outage": max_outage,
             "outage_first_wait": 1.0, "outage_wait_cap": 3.0}

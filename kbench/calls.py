@@ -14,9 +14,11 @@ One code path for both executors: a worker process drives a :class:`CallRunner` 
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import mmap
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -122,12 +124,14 @@ class CallRunner:
         self.map: mmap.mmap | None = None
         self.watch = ThreadWatch(check_threads)
         self.buffers: dict[int, tuple[dict[str, Any], Any]] = {}
+        self.forbidden_ops: tuple[str, ...] = ()
 
     # -- messages ------------------------------------------------------------------------------
 
-    def start(self, backend, case, layout: Layout, fd: int) -> dict[str, Any]:
+    def start(self, backend, case, layout: Layout, fd: int, forbidden_ops: tuple[str, ...] = ()) -> dict[str, Any]:
         """Map the arena, ask the backend whether it runs this case, prepare its kernel."""
         self.end()
+        self.forbidden_ops = tuple(forbidden_ops)
         self.layout, self.dtype = layout, case.dtype
         self.map = mmap.mmap(fd, layout.nbytes)
         self.watch = ThreadWatch(self.check_threads)
@@ -175,6 +179,7 @@ class CallRunner:
             prints = [{k: dev.fingerprint(v) for k, v in dev_in.items()} for dev_in in inputs]
             dev.synchronize()
             answers = []
+            watch = OpWatch(self.forbidden_ops) if kind in ("check", "warmup") else None
             for i, slot in enumerate(slots):
                 dev.repoison(outs[i])
                 dev.before_sample()
@@ -188,7 +193,12 @@ class CallRunner:
                         holder.append(kernel(**dev_in, out=out))
                 before = thread_counts()
                 start = time.perf_counter_ns()
-                seconds = dev.time_call(fn)
+                if watch is not None:
+                    with watch:
+                        seconds = dev.time_call(fn)
+                    watch.raise_if_seen()
+                else:
+                    seconds = dev.time_call(fn)
                 stop = time.perf_counter_ns()
                 reply["samples"].append(float(seconds))
                 reply["stamps"].append((start, stop))
@@ -257,7 +267,8 @@ class CallRunner:
         try:
             if kind == "job":
                 _, payload = message
-                return "prepared", self.start(backend, payload["case"], payload["layout"], fd)
+                return "prepared", self.start(backend, payload["case"], payload["layout"], fd,
+                                              payload.get("forbidden_ops", ()))
             if kind == "batch":
                 _, payload = message
                 return "batch", self.batch(list(payload["slots"]), payload["kind"])
@@ -273,6 +284,48 @@ class CallRunner:
 
 def _nothing() -> None:
     return None
+
+
+class OpWatch:
+    """Names every torch operator the dispatcher runs inside it and faults on a forbidden one.
+
+    The dispatcher sees the operator however the Python call was spelled (``getattr`` with a computed
+    name, ``torch.ops.aten...``, an alias): the run-time half of ``integrity.forbidden_calls``. Used on
+    the untimed calls only (the correctness and warm-up batches): it costs a Python call per operator.
+    """
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self.patterns = patterns
+        self.seen: list[str] = []
+        self.mode = None
+        torch = sys.modules.get("torch") if patterns else None
+        if torch is not None:
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            watch = self
+
+            class _Mode(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    name = str(func)
+                    if any(fnmatch.fnmatchcase(name, p) for p in watch.patterns):
+                        watch.seen.append(name)
+                    return func(*args, **(kwargs or {}))
+
+            self.mode = _Mode()
+
+    def __enter__(self) -> OpWatch:
+        if self.mode is not None:
+            self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(*exc)
+
+    def raise_if_seen(self) -> None:
+        if self.seen:
+            raise Fault(f"forbidden operator {self.seen[0]} ran inside the kernel (integrity.forbidden_calls: "
+                        f"the library attention it competes with, however the call is spelled)")
 
 
 def as_sent(reply: tuple) -> Any:

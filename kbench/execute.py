@@ -73,7 +73,7 @@ def execute(ctx: ExecContext, backend: Backend, case: Case) -> dict[str, Any]:
     snapshot = ctx.harness or (HarnessSnapshot(ctx.device) if ctx.integrity.check_harness else None)
     runner = CallRunner(ctx.device, check_threads=ctx.integrity.check_threads,
                         harness=snapshot if ctx.integrity.check_harness else None)
-    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case)
+    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case, trusted=backend.trusted)
     if backend.source_path and ctx.integrity.static_applies(backend.trusted) and isinstance(rec.get("integrity"), dict):
         rec["integrity"]["checks"].insert(0, "static")
     return rec

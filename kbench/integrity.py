@@ -48,6 +48,15 @@ EXEC_CALLS: tuple[str, ...] = (
     "os.popen", "os.exec*", "os.spawn*", "os.fork*", "multiprocessing", "multiprocessing.*",
 )
 
+#: builtins that look an attribute up by name (refused on modules when the name is computed)
+DYNAMIC_LOOKUPS = frozenset({"getattr", "hasattr", "setattr", "delattr", "object.__getattribute__"})
+
+#: torch operators (as the dispatcher names them) an untrusted kernel may not reach at run time, however
+#: the Python call is spelled: the library attention it competes with
+FORBIDDEN_OPS: tuple[str, ...] = ("aten.*scaled_dot_product*", "aten.*flash_attention*", "aten.*efficient_attention*",
+                                  "aten.*cudnn_attention*", "aten._fused_sdp*", "aten.*_mha_*",
+                                  "aten._native_multi_head_attention*")
+
 #: module globals a kernel file may define as mutable containers (metadata, not state)
 ALLOWED_MODULE_CONTAINERS = frozenset({"TUNABLES", "__all__"})
 
@@ -76,6 +85,7 @@ class IntegritySettings:
     allowed_calls: tuple[str, ...] = ()       # exceptions to forbidden_calls
     forbid_exec: bool = True
     forbid_module_state: bool = True
+    forbid_dynamic_lookup: bool = True        # getattr(module, <computed>), vars(module), module.__dict__[...]
     check_threads: bool = True
     check_harness: bool = True                # timers and harness functions captured and verified
     verify_timed_outputs: bool = True
@@ -181,6 +191,11 @@ class _Checker(ast.NodeVisitor):
         dotted = _dotted(node)
         if dotted is not None:
             self._check_name(node, self._resolve(dotted))
+            if self.s.forbid_dynamic_lookup and node.attr in ("__dict__", "__getattribute__", "__getattr__") \
+                    and self._module_expr(node.value) is not None:
+                self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                            f"{self._resolve(dotted)}: a module's namespace reached by name at run "
+                                            f"time (write the attribute out)"))
             if isinstance(node.ctx, (ast.Store, ast.Del)) and self.s.forbid_module_state:
                 head = dotted.split(".")[0]
                 if head in self.aliases:
@@ -193,6 +208,35 @@ class _Checker(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self._check_name(node, self._resolve(node.id))
+
+    def _module_expr(self, node: ast.AST) -> str | None:
+        """The module path an expression stands for when it starts at an imported name, else None."""
+        dotted = _dotted(node)
+        if dotted is None or dotted.split(".")[0] not in self.aliases:
+            return None
+        return self._resolve(dotted)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        """Lookups on modules by computed names hide any call from the rules above: refused outright."""
+        name = _dotted(node.func) or ""
+        target = self._module_expr(node.args[0]) if node.args else None
+        if self.s.forbid_dynamic_lookup and target is not None:
+            if name in DYNAMIC_LOOKUPS and len(node.args) > 1:
+                attr = node.args[1]
+                if isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+                    self._check_name(node, f"{target}.{attr.value}")
+                else:
+                    self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                                f"{name}({target}, <computed name>): attribute of a module looked up "
+                                                f"by a computed name (write the name out)"))
+            elif name == "vars":
+                self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                            f"vars({target}): a module's namespace read as a dictionary"))
+        if self.s.forbid_dynamic_lookup and name in ("operator.attrgetter", "operator.methodcaller") or \
+                self._resolve(name) in ("operator.attrgetter", "operator.methodcaller"):
+            self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                        f"{self._resolve(name)}: attribute lookup by a string at run time"))
+        self.generic_visit(node)
 
     def visit_Global(self, node: ast.Global) -> None:
         if self.s.forbid_module_state:

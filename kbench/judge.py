@@ -12,9 +12,10 @@ The judge runs in the parent and never imports candidate code. For one (backend,
    reference on rows it picks only after the output exists, and the trivial-predictor guard;
 4. accounts for every timed sample with its own clock: every call's start/end stamps must lie inside
    the batch's window on the parent's monotonic clock, and the samples must explain at least half of
-   the batches' net wall time (the loop's overhead calibrated with an empty kernel in the same runner);
-5. gives every timed call input content never used before, verifies the last output of every batch
-   and one more picked at random after the reply, and judges.
+   the batches' net wall time (the loop's overhead measured by an empty kernel through the same loop,
+   in a batch paired with every timed batch, so it tracks the machine's load);
+5. gives every timed call input content never used before, verifies the first and last output of every
+   batch and one more picked at random after the reply, and judges.
 
 A reply is data to verify, never a verdict: a message the protocol does not expect fails the record.
 """
@@ -51,7 +52,7 @@ EXPLAINED_FRACTION = 0.25
 #: how much machine load may inflate the calibrated loop overhead before time counts as unexplained
 LOAD_FACTOR = 2.0
 #: below this much net batch time (s) the accounting is too coarse to judge
-ACCOUNTING_FLOOR = 0.05
+ACCOUNTING_FLOOR = 0.01
 #: a device sample may exceed its wall stamps by this much (event vs host clock granularity)
 STAMP_SLACK = 1e-4
 
@@ -157,8 +158,8 @@ def pool_slots(slot_bytes: int, at_least: int) -> int:
 class Judge:
     """One (backend, case) judged through ``channel`` (see :mod:`kbench.calls` for the runner's side)."""
 
-    def __init__(self, ctx, channel, case, timeout: float | None = None) -> None:
-        self.ctx, self.channel, self.case = ctx, channel, case
+    def __init__(self, ctx, channel, case, timeout: float | None = None, *, trusted: bool = True) -> None:
+        self.ctx, self.channel, self.case, self.trusted = ctx, channel, case, trusted
         self.deadline = time.monotonic() + timeout if timeout else None
         self.source = InputSource(ctx.secret, ctx.op, case)
         self.rng = np.random.default_rng(secrets.randbits(128))   # rows and verified calls: after the fact
@@ -233,8 +234,8 @@ class Judge:
         fd = anonymous_file(layout.nbytes)
         try:
             self.buf = mmap.mmap(fd, layout.nbytes)
-            prepared = self._expect(self.channel.start({"case": case, "layout": layout}, fd, self._remaining()),
-                                    "prepared")
+            job = {"case": case, "layout": layout, "forbidden_ops": () if self.trusted else forbidden_ops(ctx)}
+            prepared = self._expect(self.channel.start(job, fd, self._remaining()), "prepared")
         finally:
             os.close(fd)
         if prepared.get("skip"):
@@ -302,7 +303,7 @@ class Judge:
             warm += n
         warm_time = clock() - begin
         # the loop's own cost per call, from an empty kernel through the same loop (the least of two)
-        overhead = min(max(0.0, (w - sum(s)) / per_batch) for s, w in (self._batch(slots, "empty") for _ in range(2)))
+        overhead = 0.0  # seconds of loop overhead in the timed batches, from the empty batch paired with each
         samples: list[float] = []
         walls = 0.0
         counter = 0
@@ -322,13 +323,18 @@ class Judge:
                     raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
                                       f"garbage results when timed): {int(np.count_nonzero(~np.isfinite(wide)))} of "
                                       f"{out.size} output elements are NaN/Inf on timed call {counter - n + i + 1}")
-            # verified after the reply: the last call, and one the runner could not know in advance
-            for slot in sorted({slots[n - 1], slots[int(self.rng.integers(n))]}):
+            # verified after the reply: the first call (its slot served the correctness check: a cache keyed
+            # by address answers it stale), the last, and one the runner could not know in advance
+            for slot in sorted({slots[0], slots[n - 1], slots[int(self.rng.integers(n))]}):
                 try:
                     verify(self.ctx, self.case, self.held[slot], self._output(slot), "a timed call", self.rng)
                 except CheckFailed as exc:
                     raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
                                       f"garbage results when timed): {exc.args[0]}") from None
+            # the same loop with an empty kernel, right after (its outputs overwrite the verified ones): the
+            # loop's overhead under the load of this moment
+            empty, empty_wall = self._batch(slots[:n], "empty")
+            overhead += max(0.0, empty_wall - sum(empty))
             samples += got
             if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
                 if rel_standard_error(samples) < settings.target_rel_se:
@@ -337,15 +343,17 @@ class Judge:
             if clock() - begin >= settings.max_time and len(samples) >= 2:
                 reason = "time_limit"
                 break
-        # the loop's overhead may double under load; what is left must be at least half kernel time
-        net = walls - LOAD_FACTOR * overhead * len(samples)
-        accounting = {"parent_seconds": walls, "sample_seconds": sum(samples), "overhead_per_call": overhead,
+        # the loop's overhead may grow under load between a batch and its empty twin; what is left of the
+        # parent's time must be mostly kernel time
+        net = walls - LOAD_FACTOR * overhead
+        accounting = {"parent_seconds": walls, "sample_seconds": sum(samples),
+                      "overhead_per_call": overhead / max(len(samples), 1),
                       "calls_per_batch": per_batch, "batches": math.ceil(len(samples) / per_batch),
-                      "explained": sum(samples) / net if net > 0 else 1.0}
+                      "explained": sum(samples) / (walls - overhead) if walls > overhead else 1.0}
         if net > ACCOUNTING_FLOOR and sum(samples) < EXPLAINED_FRACTION * net:
             raise CheckFailed(f"samples do not add up: the runner reported {sum(samples):.3g} s of kernel time in "
                               f"batches the parent timed at {walls:.3g} s (calibrated loop overhead "
-                              f"{overhead * len(samples):.3g} s, allowed {LOAD_FACTOR:g}x that): timers patched or "
+                              f"{overhead:.3g} s, allowed {LOAD_FACTOR:g}x that): timers patched or "
                               f"samples forged")
         return Timing(samples, reason, warm, warm_time, clock() - begin), accounting
 
@@ -358,14 +366,23 @@ class Judge:
             self.buf = None
 
 
-def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None) -> dict[str, Any]:
+def forbidden_ops(ctx) -> tuple[str, ...]:
+    """Torch operators the runner watches for in an untrusted kernel's untimed calls (none when allowed)."""
+    from kbench.integrity import FORBIDDEN_OPS
+
+    allowed = ctx.integrity.allowed_calls
+    return tuple(p for p in FORBIDDEN_OPS if not any(a in p or p in a for a in allowed))
+
+
+def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None,
+          trusted: bool = True) -> dict[str, Any]:
     """One record for (backend, case), made here from what the channel's runner reports."""
     from kbench.execute import base_record
 
     t0 = time.perf_counter()
     rec = base_record(backend_name, case, ctx.device.name)
     rec["integrity"] = {"checks": []}
-    j = Judge(ctx, channel, case, timeout)
+    j = Judge(ctx, channel, case, timeout, trusted=trusted)
     try:
         rec.update(j.run(rec))
     except Abort as exc:

@@ -686,7 +686,7 @@ class WorkerPool:
             return rec
         worker.tail.reset()
         worker.timeout = self.timeout
-        rec = judge(self.ctx, channel, backend.name, case, timeout=self.timeout)
+        rec = judge(self.ctx, channel, backend.name, case, timeout=self.timeout, trusted=backend.trusted)
         if rec.get("status") == Status.ERROR.value and "stderr_tail" not in rec:
             text = worker.tail.text().strip() if worker.tail else ""
             if text:

@@ -6,6 +6,7 @@ check catches, to show the dynamic checks catch them too. Honest backends must p
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ HERE = Path(__file__).parent
 SUITE = {
     "name": "redteam",
     "grid": [{"seqlen": 256, "heads": 2, "head_dim": 32, "dtype": "fp32"}],
-    "check": {"seeds": 2},
+    # fewer verified rows than the sequence has: the rows are picked after the output exists (class 2)
+    "check": {"seeds": 2, "max_rows": 64},
     "timing": {"warmup_time": 0.0, "min_samples": 5, "min_time": 0.0, "max_time": 0.1, "target_rel_se": 1.0,
                "rotate": 2, "case_timeout": 60},
     "integrity": {"memory_limit": "2GiB"},
@@ -43,6 +45,14 @@ DEFAULT = {
     "abort": ("crashed", r"SIGABRT"),
     "memory_blowup": ("error", r"out of memory"),
     "honest_numpy": ("passed", None),
+    # issue 11's classes (6, 8 and 9 are in test_sandbox_escape.py)
+    "predicted_inputs": ("failed", r"static check.*module-level mutable _STATE"),
+    "rows_only": ("failed", r"relative L2 error .* exceeds"),
+    "settings_walk": ("failed", r"static check.*forbidden 'gc.get_objects'"),
+    "clock_module_patch": ("failed", r"static check.*forbidden 'kbench.devices.cpu'"),
+    "forged_record": ("failed", r"NaN/Inf|malformed reply|the runner sent|samples do not add up"),
+    "cache_under_ratio": ("failed", r"static check.*module-level mutable _MEMO"),
+    "obfuscated_call": ("failed", r"static check.*getattr\(torch.nn.functional, <computed name>\)"),
 }
 
 # the same exploits with static_checks: none -- what the checks at run time say
@@ -55,19 +65,44 @@ DYNAMIC = {
     "timer_patch": ("failed", r"harness tampering: time.perf_counter_ns replaced|samples do not add up"),
     "harness_patch": ("failed", r"harness tampering: numpy.linalg.norm replaced|relative L2 error 1 exceeds"),
     "honest_numpy": ("passed", None),
+    # class 1: the inputs come from the run's secret, not the case id: the predicted answers are wrong
+    "predicted_inputs": ("failed", r"relative L2 error .* exceeds .* on trial 0"),
+    # class 2: every element is NaN-checked and the rows are picked after the output exists
+    "rows_only": ("failed", r"relative L2 error .* exceeds"),
+    # class 3: the audit hook refuses the walk; the judge's settings live in another process anyway
+    "settings_walk": ("failed", r"audit: refused gc.get_objects|not much closer to the reference"),
+    # class 3: samples measured with a swapped clock do not add up on the parent's clock
+    "clock_module_patch": ("failed", r"samples do not add up"),
+    # class 4: the runner's messages are data: a forged reply has no outputs behind it
+    "forged_record": ("failed", r"NaN/Inf|malformed reply|the runner sent|samples do not add up"),
+    # class 5: every timed call has new content, so the cache never hits and gains nothing: an honest
+    # (slower) kernel; tests/test_execute.py counts the hits (zero) without measuring any speed
+    "cache_under_ratio": ("passed", None),
+    # class 7: the dispatcher names the operator however the call was spelled
+    "obfuscated_call": ("failed", r"forbidden operator aten\..*scaled_dot_product.* ran inside the kernel"),
+}
+
+# class 10: with a loose tolerance, trivial answers pass the bound but not the trivial-predictor guard
+LOOSE = {
+    "trivial_predictor": ("failed", r"not much closer to the reference than the mean of the visible values"),
+    "zero_output": ("failed", r"not much closer to the reference than zeros|output is constant"),
+    "honest_numpy": ("passed", None),
 }
 
 HONEST_REGISTRY = ["numpy", "numpy-flash", "torch-sdpa"]
 
 
-def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_timeout=None):
+def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_timeout=None, tolerance=None):
     pm = PluginManager()
     suite = suite_from_data({**SUITE, "integrity": {**SUITE["integrity"], **integrity}})
     honest = [b for b in honest if b in pm.registry.backends]
     out = tmp_path_factory.mktemp("redteam") / "r.json"
     req = RunRequest(suite=suite, device="cpu", backend_patterns=honest, case_timeout=case_timeout,
                      kernel_files=[str(HERE / f"{f}.py") for f in files], output=out)
-    writer = run_suite(pm, plan_run(pm, req))
+    planned = plan_run(pm, req)
+    if tolerance:  # looser than a suite may ask (the schema caps it): as a program using the API could
+        planned.ctx.check = dataclasses.replace(planned.ctx.check, tolerance=tolerance)
+    writer = run_suite(pm, planned)
     return {r["backend"]: r for r in writer.records}, honest
 
 
@@ -86,6 +121,16 @@ def _expect(records, name, status, pattern):
     assert rec["status"] == status, (rec["status"], rec["reason"])
     if pattern:
         assert re.search(pattern, rec["reason"]), rec["reason"]
+
+
+@pytest.fixture(scope="module")
+def loose_run(tmp_path_factory):
+    return _run(tmp_path_factory, LOOSE, {"static_checks": "none"}, honest=["numpy"], tolerance={"fp32": 5.0})
+
+
+@pytest.mark.parametrize("name", sorted(LOOSE))
+def test_trivial_predictors_caught_under_a_loose_tolerance(loose_run, name):
+    _expect(loose_run[0], name, *LOOSE[name])
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULT))
@@ -111,21 +156,23 @@ def test_every_corpus_file_has_an_expectation():
     # classes 6, 8 and 9 (sandbox escapes) have their own test module
     sandbox = literal_globals((HERE / "test_sandbox_escape.py").read_text(), ("SANDBOX_KERNELS",))["SANDBOX_KERNELS"]
     stems = {p.stem for p in HERE.glob("*.py") if not p.stem.startswith("test_")}
-    assert stems == set(DEFAULT) | {"infinite_loop"} | set(sandbox)
+    assert stems == set(DEFAULT) | set(LOOSE) | {"infinite_loop"} | set(sandbox)
 
 
-@pytest.mark.parametrize("run", ["default_run", "dynamic_run"])
+@pytest.mark.parametrize("run", ["default_run", "dynamic_run", "loose_run"])
 def test_honest_registry_backends_never_flagged(request, run):
     records, honest = request.getfixturevalue(run)
     assert "numpy" in honest
     for name in honest:
         rec = records[name]
         assert rec["status"] == "passed", (name, rec["reason"])
-        assert "threads" in rec["integrity"]["checks"] and "timed_outputs" in rec["integrity"]["checks"]
+        checks = rec["integrity"]["checks"]
+        assert {"threads", "timed_outputs", "parent_clock", "trivial_predictors", "secret_inputs"} <= set(checks)
 
 
 def test_crash_records_carry_the_stderr_tail(default_run):
     rec = default_run[0]["file:segfault"]
     # faulthandler in the worker prints the Python stack of the crash
     assert "Fatal Python error: Segmentation fault" in rec["stderr_tail"] and "in attention" in rec["stderr_tail"]
+    assert rec["status"] == "crashed" and "cause" not in rec  # the kernel's doing, not the infrastructure's
     assert rec["signal"] == "SIGSEGV"

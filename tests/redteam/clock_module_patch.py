@@ -1,0 +1,13 @@
+"""Exploit (class 3): replace the clock module inside the harness's device module, so that every sample the
+worker measures is 100x too short (identity checks of the timer functions do not see a module swapped)."""
+import time as _time
+import types
+
+import kbench.devices.cpu as _cpu
+from kbench.builtin.numpy_backends import attention_numpy as _honest
+
+_cpu.time = types.SimpleNamespace(perf_counter_ns=lambda: _time.perf_counter_ns() // 100)
+
+
+def attention(q, k, v, out, *, causal, scale):
+    _honest(q, k, v, out, causal=causal, scale=scale)

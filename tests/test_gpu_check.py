@@ -139,3 +139,15 @@ def test_dry_run_with_a_suite_cut_short_still_summarises(tmp_path, capsys):
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
     assert [(s["name"], s["status"]) for s in stages] == [("suite", "timeout"), ("summary", "ok")]
     assert code == 3 and "PARTIAL" in printed and "case (TFLOP/s)" in printed
+
+
+def test_the_tree_fallback_names_every_plugin_and_the_pytest_plugin():
+    env = {"PYTHONPATH": "/carried", "KBENCH_PLUGINS": "mine.plugin"}
+    gpu_check.use_the_tree(env)
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(ROOT) and paths[-1] == "/carried"
+    assert all(str(ROOT / d) in paths for d in gpu_check.PLUGIN_DIRS)
+    assert env["KBENCH_PLUGINS"] == "kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin,mine.plugin"
+    ctx = gpu_check.Context(ROOT, dry_run=False, env=env)
+    command = gpu_check.pytest_command(ctx)
+    assert command[command.index("kbench.testing") - 1] == "-p"

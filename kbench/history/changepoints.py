@@ -102,14 +102,16 @@ def run_to_run_noise(y: np.ndarray, within: np.ndarray) -> float:
 
 
 def _running_median(y: np.ndarray) -> np.ndarray:
-    n = y.size
+    n, h = y.size, RUNNING_MEDIAN_HALF
     out = np.empty(n)
-    for i in range(n):
-        h = min(RUNNING_MEDIAN_HALF, i, n - 1 - i)
-        if h == 0:  # an end: the point and its two neighbours on the one side it has
+    if n > 2 * h:
+        out[h: n - h] = np.median(np.lib.stride_tricks.sliding_window_view(y, 2 * h + 1), axis=1)
+    for i in (i for i in range(n) if i < h or i >= n - h):  # near the ends: narrower windows
+        k = min(h, i, n - 1 - i)
+        if k == 0:  # an end: the point and its two neighbours on the one side it has
             window = y[max(0, i - 2): i + 1] if i else y[: 3]
         else:
-            window = y[i - h: i + h + 1]
+            window = y[i - k: i + k + 1]
         out[i] = np.median(window)
     return out
 
@@ -144,18 +146,17 @@ def _partition(y: np.ndarray, w: np.ndarray, penalty: float, min_size: int) -> l
     return sorted(cuts)
 
 
-def _sse(y: np.ndarray, w: np.ndarray) -> float:
-    return float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
-
-
 def _plausible_cuts(y: np.ndarray, w: np.ndarray, start: int, cut: int, end: int) -> tuple[int, int]:
     """The first and last position of a change between ``start`` and ``end`` that the data cannot tell
     from the best one: a likelihood-ratio interval (chi-square, 1 degree of freedom, 95%)."""
-    costs = {t: _sse(y[start:t], w[start:t]) + _sse(y[t:end], w[t:end])
-             for t in range(start + MIN_SEGMENT, end - MIN_SEGMENT + 1)}
-    best = costs[cut]
-    plausible = [t for t, c in costs.items() if c - best <= LOCATION_CHI2]
-    return min(plausible), max(plausible)
+    cw, cwy, cwyy = (np.concatenate(([0.0], np.cumsum(v))) for v in (w[start:end], (w * y)[start:end],
+                                                                      (w * y * y)[start:end]))
+    t = np.arange(MIN_SEGMENT, end - start - MIN_SEGMENT + 1)  # positions relative to ``start``
+    left = cwyy[t] - cwy[t] ** 2 / cw[t]
+    right = (cwyy[-1] - cwyy[t]) - (cwy[-1] - cwy[t]) ** 2 / (cw[-1] - cw[t])
+    cost = left + right
+    plausible = t[cost - cost[cut - start - MIN_SEGMENT] <= LOCATION_CHI2] + start
+    return int(plausible.min()), int(plausible.max())
 
 
 def penalty_for(n: int) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -138,13 +139,22 @@ def probe() -> SandboxStatus:
     return SandboxStatus(True, binary, version)
 
 
+#: a URL carrying a password (``scheme://user:password@host``), whatever the variable's name
+_URL_WITH_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+
+
+def credential_value(value: str) -> bool:
+    """A value that carries a credential by its shape (a URL with a password)."""
+    return bool(_URL_WITH_PASSWORD.search(value))
+
+
 def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
     """The allow-listed part of ``base``, plus the worker's import path and a scratch home and temp dir."""
-    def allowed(name: str) -> bool:
+    def allowed(name: str, value: str) -> bool:
         return (any(fnmatch.fnmatchcase(name, p) for p in ENV_ALLOW)
-                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY))
+                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY) and not credential_value(value))
 
-    env = {k: v for k, v in base.items() if allowed(k)}
+    env = {k: v for k, v in base.items() if allowed(k, v)}
     env.setdefault("PATH", os.defpath)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONFAULTHANDLER": "1", "PYTHONNOUSERSITE": "1",

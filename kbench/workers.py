@@ -53,10 +53,19 @@ def default_case_timeout(timing: TimingSettings) -> float:
     return max(120.0, 20 * estimated_seconds(timing))
 
 
-def is_secret(name: str) -> bool:
-    """A name that looks like a credential (never handed to a trusted worker either)."""
+#: credentials whose names :data:`kbench.sandbox.ENV_DENY` does not catch (trusted workers get the parent's
+#: environment without these; sandboxed ones get only the allow-list)
+CREDENTIAL_NAMES: tuple[str, ...] = ("DATABASE_URL", "*_DSN", "*PWD*", "NETRC", "KUBECONFIG", "DOCKER_*", "*PRIVATE*",
+                                     "*PASSPHRASE*", "*CRED*")
+
+
+def is_secret(name: str, value: str = "") -> bool:
+    """A variable that looks like a credential, by its name or its value (never handed to any worker)."""
+    from kbench.sandbox import credential_value
+
     upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, p) for p in ENV_DENY if "*" in p)
+    return (any(fnmatch.fnmatchcase(upper, p) for p in ENV_DENY if "*" in p)
+            or any(fnmatch.fnmatchcase(upper, p) for p in CREDENTIAL_NAMES) or credential_value(value))
 
 
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
@@ -65,7 +74,7 @@ def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[
     A trusted worker's: the parent's environment without credential-like names."""
     if scratch:
         return sandbox_environment(base, scratch)
-    env = {k: v for k, v in base.items() if not is_secret(k)}
+    env = {k: v for k, v in base.items() if not is_secret(k, v)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"

@@ -51,13 +51,23 @@ def test_environment_is_an_allow_list():
     base = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "OMP_NUM_THREADS": "2", "TRITON_INTERPRET": "1",
             "CUDA_VISIBLE_DEVICES": "0", "KBENCH_PLUGINS": "x", "DB_PASS": "s", "MYSQL_PWD": "s",
             "X_PASSPHRASE": "s", "DATABASE_URL": "postgres://u:s@h/d", "RANDOM_NAME": "s", "HOME": "/root",
-            "TRITON_CACHE_DIR": "/root/.triton", "OMP_SECRET": "s", "LD_PRELOAD": "/x.so", "PYTHONSTARTUP": "/x.py"}
+            "TRITON_CACHE_DIR": "/root/.triton", "OMP_SECRET": "s", "LD_PRELOAD": "/x.so", "PYTHONSTARTUP": "/x.py",
+            "LC_PROXY": "https://user:s@proxy:3128"}
     env = sandbox_environment(base, "/scratch")
     kept = {k for k in base if k in env and env[k] == base[k]}
     assert kept == {"PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES",
                     "KBENCH_PLUGINS"}
     assert env["HOME"] == env["TMPDIR"] == "/scratch" and env["TRITON_CACHE_DIR"].startswith("/scratch/")
     assert "LD_PRELOAD" not in env and "PYTHONSTARTUP" not in env and "s" not in env.values()
+
+
+def test_trusted_workers_get_the_environment_without_credentials():
+    from kbench.workers import worker_environment
+
+    base = {"PATH": "/bin", "TORCH_HOME": "/models", "DB_PASS": "s", "MYSQL_PWD": "s", "X_PASSPHRASE": "s",
+            "DATABASE_URL": "s", "OPENAI_API_KEY": "s", "GITHUB_TOKEN": "s", "HTTPS_PROXY": "http://u:s@proxy:3128"}
+    env = worker_environment(base, scratch=None)
+    assert {k for k in base if k in env} == {"PATH", "TORCH_HOME"}
 
 
 # --------------------------------------------------------------------------------------------

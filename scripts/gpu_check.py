@@ -112,7 +112,7 @@ def run_command(ctx: Context, command: Sequence[str], deadline: float) -> tuple[
     On the deadline the whole group gets SIGTERM, then SIGKILL after ``GRACE_S``.
     """
     proc = subprocess.Popen(list(command), cwd=ROOT, env=ctx.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, errors="replace", start_new_session=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, ctx), daemon=True)
     pump.start()
     try:

@@ -8,6 +8,7 @@ never write one file.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import os
@@ -212,6 +213,13 @@ def _read_pid(fd: int) -> int | None:
 
 #: result locks this process holds, by resolved path: plan_run takes it, the ResultWriter keeps it
 _held: dict[Path, ResultLock] = {}
+
+
+@atexit.register
+def _release_all() -> None:
+    """A planned run that never wrote (a library caller that only plans) leaves no lock file behind."""
+    for path in list(_held):
+        release_result_lock(path)
 
 
 def _key(path: Path) -> Path:

@@ -126,6 +126,10 @@ def _roof(peak: float | None, bw: float | None, flops: float, nbytes: float, sec
     return out
 
 
+#: on a device without a datasheet, a rate above this multiple of the calibrated GEMM rate is impossible
+CALIBRATED_ROOF_MARGIN = 3.0
+
+
 def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nbytes: float,
                    seconds: float) -> dict[str, Any]:
     """Attained rates, the binding roof and the fraction of it reached, for both sets of roofs.
@@ -169,6 +173,18 @@ def roofline_point(profile: HardwareProfile | None, dtype: str, flops: float, nb
         out["measured"] = meas
         out["measured_roof_fraction"] = meas["fraction"]
         out["measured_bound"] = meas["bound"]
+        if sheet is None and meas.get("compute_fraction") is not None:
+            # no datasheet (a CPU): the calibrated GEMM rate is the roof, with a margin for the load the
+            # calibration may have run under; its bandwidth roof never flags (caches beat the DRAM copy rate)
+            out["impossible_margin"] = CALIBRATED_ROOF_MARGIN
+            impossible = meas["compute_fraction"] > CALIBRATED_ROOF_MARGIN
+            if impossible:
+                out["impossible_reason"] = (f"{out['tflops']:.3g} TFLOP/s is {meas['compute_fraction']:.2f}x the "
+                                            f"calibrated compute roof of {profile.name} (more than "
+                                            f"{CALIBRATED_ROOF_MARGIN:g}x)")
+    if impossible and "impossible_reason" not in out:
+        out["impossible_reason"] = (f"{out['tflops']:.3g} TFLOP/s is {out['roof_fraction']:.2f}x the {out['bound']} "
+                                    f"roof of {profile.name}")
     out["impossible"] = impossible
     return out
 

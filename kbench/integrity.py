@@ -1,12 +1,13 @@
 """Integrity checks: the ways a kernel games a benchmark, and how each is caught (docs/integrity.md).
 
-Three kinds of check live here:
+What lives here:
 - settings (``integrity:`` in a suite) and the static checks of a kernel's source (forbidden calls,
-  ``exec``, module-level state), which run in the parent before any candidate code is loaded;
-- the harness snapshot: timer and harness functions captured before candidate code loads and
-  verified after every phase of an execution;
-- the sample guard: threads counted around every kernel call, outputs re-poisoned before every
-  timed sample and the last output of every rotating set kept for verification afterwards.
+  computed lookups on modules, ``exec``, module-level state), run in the parent before any candidate
+  code is loaded;
+- the facts the runner of calls reports (:mod:`kbench.calls`): the harness snapshot (timer and
+  harness functions captured before candidate code loads) and thread counts around every call.
+
+The verdict is the judge's (:mod:`kbench.judge`), in the parent: nothing here can make a record pass.
 """
 from __future__ import annotations
 
@@ -451,78 +452,3 @@ class ThreadWatch:
             raise ThreadLeak(f"the kernel returned with threads still running (Python threads {before[0]} -> "
                              f"{after[0]}, native threads {before[1]} -> {after[1]}): work left running after "
                              f"return is not timed")
-
-
-class SampleGuard(Device):
-    """Wraps the device for the timing loop: re-poisons the output of the set about to be timed,
-    counts threads around each timed call and synchronises the device when a sample ends.
-
-    ``kbench.timing.measure`` calls ``before_sample()`` then ``time_call(calls[i % n])``; the guard
-    follows the same order to know which set comes next.
-    """
-
-    def __init__(self, inner: Device, outs: list[Any], watch: ThreadWatch,
-                 refresh: Callable[[int, int], None] | None = None) -> None:
-        self.inner, self.outs, self.watch, self.refresh = inner, outs, watch, refresh
-        self.name = inner.name
-        self.samples = 0
-
-    def before_sample(self) -> None:
-        self.inner.before_sample()
-        if self.refresh is not None:  # new input content in place: no timed call sees content seen before
-            self.refresh(self.samples % len(self.outs), self.samples)
-        out = self.outs[self.samples % len(self.outs)]
-        self.inner.repoison(out)
-        self.inner.synchronize()
-
-    def time_call(self, fn: Callable[[], Any]) -> float:
-        before = thread_counts()
-        t = self.inner.time_call(fn)
-        pending = getattr(self.inner, "pending_work", None)
-        if callable(pending) and pending():
-            raise ThreadLeak("work was still running on the device when the sample ended (extra streams?)")
-        self.watch.after(before)
-        self.inner.synchronize()
-        self.samples += 1
-        return t
-
-    # the rest is the inner device's
-    def synchronize(self) -> None:
-        self.inner.synchronize()
-
-    def from_host(self, array):
-        return self.inner.from_host(array)
-
-    def to_host(self, array):
-        return self.inner.to_host(array)
-
-    def poisoned(self, shape, dtype):
-        return self.inner.poisoned(shape, dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# checks the parent makes on a worker's record, with its own clock
-
-
-def parent_clock_check(record: dict[str, Any], wall: float) -> None:
-    """Compare the worker's account of a job with the parent's clock; fail the record if they disagree.
-
-    A kernel that patches the timers in its worker also patches the worker's view of elapsed time;
-    the parent's clock is out of its reach.
-    """
-    if record.get("status") != "passed":
-        return
-    samples = (record.get("timing") or {}).get("samples") or []
-    worker_seconds = record.get("worker_seconds")
-    problem = None
-    if sum(samples) > wall * 1.05 + 0.01:
-        problem = (f"the worker reports {sum(samples):.3g} s of timed samples in a job the parent timed at "
-                   f"{wall:.3g} s")
-    elif isinstance(worker_seconds, (int, float)) and worker_seconds < 0.5 * wall - 0.25:
-        problem = (f"the worker's clock measured {worker_seconds:.3g} s for a job the parent timed at {wall:.3g} s")
-    if problem:
-        record["status"] = "failed"
-        record["reason"] = f"harness tampering: {problem} (timers patched in the worker?)"
-    record.setdefault("integrity", {})
-    if isinstance(record["integrity"], dict):
-        record["integrity"]["parent_wall"] = wall

@@ -171,3 +171,92 @@ def test_cache_by_content_never_hits_when_timed(kbench_case, kbench_check, fake_
     # the warm-up calls precede the first refresh: their content may come back once, never a timed sample's
     assert len(hits) <= rec["timing"]["warmup_calls"]
     assert rec["integrity"]["timed_inputs"] == "new content for every timed call"
+
+
+def test_inputs_come_from_the_run_secret_not_the_case_id(kbench_pm, kbench_case, fake_backend):
+    """Class 1: the same case gives other inputs under another secret, the same under the same one."""
+    from kbench.execute import ExecContext, execute
+    from kbench.testing import TEST_CHECK, TEST_TIMING
+
+    case = kbench_case()
+
+    def first_inputs(secret: bytes) -> list[float]:
+        seen = []
+
+        def remember(q, k, v, out, case):
+            seen.append(float(q.ravel()[0]))
+            honest(q, k, v, out, case)
+        ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                          check=TEST_CHECK, timing=TEST_TIMING, secret=secret)
+        assert execute(ctx, fake_backend(remember), case)["status"] == "passed"
+        return seen[:TEST_CHECK.seeds]
+
+    a, b = first_inputs(b"a" * 32), first_inputs(b"b" * 32)
+    assert a == first_inputs(b"a" * 32) and not set(a) & set(b)
+
+
+def test_a_worker_is_never_given_the_secret(kbench_pm):
+    import pickle
+
+    from kbench.execute import ExecContext
+    from kbench.testing import TEST_CHECK, TEST_TIMING
+    from kbench.workers import WorkerPool
+
+    ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                      check=TEST_CHECK, timing=TEST_TIMING)
+    for sandbox in (True, False):
+        assert ctx.secret not in pickle.dumps(WorkerPool(kbench_pm, ctx)._setup(sandbox))
+
+
+def test_rows_are_picked_after_the_output_exists(kbench_case, kbench_check, fake_backend):
+    """Class 2: a kernel that computes a fixed subset of rows fails, whatever subset it bets on."""
+    from kbench.suite import CheckSettings
+
+    def some_rows(q, k, v, out, case):
+        honest(q, k, v, out, case)
+        out[:, 1:-1:2] = 0  # half the middle rows skipped; first and last (always checked) computed
+    rec = kbench_check(fake_backend(some_rows), kbench_case(seqlen=256), check=CheckSettings(seeds=2, max_rows=16))
+    assert rec["status"] == "failed" and "relative L2 error" in rec["reason"]
+    assert rec["correctness"]["rows_checked"] == 16
+
+
+def test_a_reply_that_is_not_the_protocol_fails_the_record(kbench_pm, kbench_case):
+    """Class 4: whatever the runner sends is data; a forged verdict is refused, not believed."""
+    from kbench.calls import CallRunner, LocalChannel
+    from kbench.execute import ExecContext
+    from kbench.judge import judge
+    from kbench.testing import TEST_CHECK, TEST_TIMING, FunctionBackend
+
+    class Forger(LocalChannel):
+        def request(self, message, timeout):
+            if message[0] == "batch":
+                return ("record", {"status": "passed", "stats": {"median": 1e-9}})
+            return super().request(message, timeout)
+
+    ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                      check=TEST_CHECK, timing=TEST_TIMING)
+    backend = FunctionBackend(honest)
+    rec = judge(ctx, Forger(CallRunner(ctx.device), backend), "forger", kbench_case())
+    assert rec["status"] == "failed" and "the runner sent 'record' where 'batch' was expected" in rec["reason"]
+
+
+def test_a_20ms_kernel_is_accounted_for_and_reported_at_20ms(kbench_case, kbench_check, fake_backend):
+    """The parent's accounting must not cost accuracy: a kernel that busy-waits 20 ms is never reported
+    faster, and its samples add up on the parent's clock. The bound above is generous (load only ever
+    adds); the 1% precision figure is measured by benchmarks/harness_overhead.py."""
+    import time
+
+    from kbench.timing import TimingSettings
+
+    def spin(q, k, v, out, case):
+        end = time.perf_counter() + 0.02
+        honest(q, k, v, out, case)
+        while time.perf_counter() < end:
+            pass
+    timing = TimingSettings(warmup_calls=1, warmup_time=0.0, min_samples=5, max_samples=8, min_time=0.0,
+                            max_time=5.0, target_rel_se=0.0, rotate=2)
+    rec = kbench_check(fake_backend(spin), kbench_case(seqlen=16), timing=timing)
+    assert rec["status"] == "passed", rec["reason"]
+    assert 0.02 <= min(rec["timing"]["samples"]) < 0.025
+    acc = rec["timing"]["accounting"]
+    assert acc["sample_seconds"] <= acc["parent_seconds"] and acc["calls_per_batch"] == 1

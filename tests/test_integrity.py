@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kbench.builtin.numpy_backends import attention_numpy
-from kbench.integrity import IntegritySettings, parent_clock_check, parse_size, static_check
+from kbench.integrity import IntegritySettings, parse_size, static_check
 from kbench.ops.attention import softmax_scale
 from kbench.suite import CheckSettings
 
@@ -157,13 +157,14 @@ def test_honest_records_list_their_checks(kbench_case, kbench_check, fake_backen
     assert rec["integrity"]["timed_inputs"] == "new content for every timed call"
 
 
-def test_parent_clock_check():
-    rec = {"status": "passed", "timing": {"samples": [0.5, 0.6]}, "worker_seconds": 2.0}
-    parent_clock_check(rec, 1.0)
-    assert rec["status"] == "failed" and "1.1 s of timed samples" in rec["reason"]
-    rec = {"status": "passed", "timing": {"samples": [0.001]}, "worker_seconds": 0.1}
-    parent_clock_check(rec, 5.0)
-    assert rec["status"] == "failed" and "worker's clock measured 0.1 s" in rec["reason"]
-    rec = {"status": "passed", "timing": {"samples": [0.001]}, "worker_seconds": 0.9}
-    parent_clock_check(rec, 1.0)
-    assert rec["status"] == "passed" and rec["integrity"]["parent_wall"] == 1.0
+def test_cpu_roof_flags_rates_beyond_the_calibrated_gemm_rate():
+    """No datasheet (a CPU): the calibrated GEMM rate with a margin decides what is impossible."""
+    from kbench.hardware import CALIBRATED_ROOF_MARGIN, HardwareProfile, roofline_point
+
+    cpu = HardwareProfile(name="cpu-x", title="CPU", kind="cpu", peak_flops={}, bandwidth=None,
+                          capacity=None).with_measured({"fp32": 0.1e12}, 10e9, "test")
+    fine = roofline_point(cpu, "fp32", 1e9, 1e6, 1e9 / (0.1e12 * (CALIBRATED_ROOF_MARGIN - 0.5)))
+    assert fine["impossible"] is False
+    # 1e9 FLOP in 1 ms = 1 TFLOP/s: 10x the calibrated 0.1 TFLOP/s, while caches may beat the copy rate freely
+    m = roofline_point(cpu, "fp32", 1e9, 1e6, 1e-3)
+    assert m["impossible"] is True and "10.00x the calibrated compute roof of cpu-x" in m["impossible_reason"]

@@ -232,3 +232,28 @@ def test_regressions_after_publish_reads_the_runs_from_the_shared_cache(tmp_path
     cache.write_text(json.dumps(doc))
     assert json.loads(invoke("regressions", tmp_path / "r", "--format", "json").output)["steps"] == []
     assert len(json.loads(invoke("regressions", tmp_path / "r", "--format", "json", "--no-cache").output)["steps"]) == 1
+
+
+def test_a_level_that_comes_back_is_undone_and_does_not_fail_the_gate(tmp_path):
+    from kbench.history.regressions import undone_steps
+
+    rng = np.random.default_rng(9)
+    med = 1e-3 * np.exp(rng.normal(0, 0.005, 40))
+    med[20:26] *= 1.5  # six slow runs in a row, then back
+    med[33:] *= 1.1    # and a lasting regression
+    fit = detect(med, med * 0.998, med * 1.002)
+    assert [(s.after, s.slower) for s in fit.steps] == [(20, True), (26, False), (33, True)]
+    assert undone_steps(fit.steps) == {0, 1}
+
+    paths = hs.write_history(tmp_path / "r", seed=13, n=30)
+    for path in paths[12:18]:  # the same plateau in result files: the gate stays open
+        data = json.loads(path.read_text())
+        rec = data["records"][0]
+        rec["timing"]["samples"] = [x * 1.5 for x in rec["timing"]["samples"]]
+        for key in ("median", "min", "max", "mean", "std", "q1", "q3", "ci_low", "ci_high"):
+            rec["stats"][key] *= 1.5
+        path.write_text(json.dumps(data))
+    res = invoke("regressions", tmp_path / "r", "--fail")
+    assert res.exit_code == 0, res.output
+    assert [ln[:1] for ln in res.output.splitlines() if ln[:2] in ("+ ", "- ", "~ ")] == ["~", "~"]
+    assert "2 undone" in res.output

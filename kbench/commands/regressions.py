@@ -48,7 +48,11 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
     confidence intervals and the series' run-to-run scatter); each is listed with the commit range where
     it happened, its size with a 95% interval, and its confidence. See docs/history.md.
 
-    Exit status: 0; 1 with --fail when a slower step beyond --threshold lies after --since; 2 on bad input.
+    Marks: + slower, - faster, ~ undone (the next step brings the series back: slow windows of the
+    machine in a row, or a regression already fixed).
+
+    Exit status: 0; 1 with --fail when a lasting slower step beyond --threshold lies after --since;
+    2 on bad input.
     """
     from kbench.history import default_cache, default_repo, load_histories
     from kbench.history.regressions import beyond, find_steps, in_range, resolve_since, sort_found
@@ -68,14 +72,14 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
             if u and abs(u.size) >= limit and in_range_run(h.runs[s.runs[u.index]], start):
                 unconfirmed.append((s, h.runs[s.runs[u.index]], u.size))
     found = sort_found(found)
-    slower = [f for f in found if f.step.slower]
+    slower = [f for f in found if f.step.slower and not f.undone]
     if fmt == "json":
         click.echo(json.dumps({"steps": [f.to_json() for f in found],
                                "unconfirmed": [{"machine": s.machine, "backend": s.backend, "case_id": s.case_id,
                                                 "run": r.id, "file": str(r.path), "size": size}
                                                for s, r, size in unconfirmed]}, indent=1))
     else:
-        rows = [["+" if f.step.slower else "-", f"{100 * f.step.size:+.1f}%",
+        rows = [["~" if f.undone else "+" if f.step.slower else "-", f"{100 * f.step.size:+.1f}%",
                  f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%", f"{f.step.confidence:.4f}",
                  f.series.machine, f.series.backend, f.series.case_id, f.commit_range,
                  "; ".join(e.text for e in f.env)] for f in found]
@@ -85,8 +89,11 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
             click.echo(render(headers, rows, fmt))
         if text:
             n_series = sum(len(h.series) for h in hists)
-            click.echo(f"\n{len(runs)} runs, {n_series} series: {len(slower)} slower and {len(found) - len(slower)} "
-                       f"faster steps of {100 * limit:g}% or more" + (f" since {since}" if since else ""))
+            faster = sum(1 for f in found if not f.step.slower and not f.undone)
+            undone = sum(1 for f in found if f.undone)
+            click.echo(f"\n{len(runs)} runs, {n_series} series: {len(slower)} slower and {faster} faster steps of "
+                       f"{100 * limit:g}% or more" + (f" since {since}" if since else "")
+                       + (f"; {undone} undone (~: a later step brought the series back)" if undone else ""))
             for s, r, size in unconfirmed:
                 click.echo(f"unconfirmed: {s.backend} {s.case_id} on {s.machine}: the newest run {r.id} is "
                            f"{100 * size:+.1f}% off the level before it; one run cannot tell a step from a slow "

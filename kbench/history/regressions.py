@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ class Found:
     before: Run           # last run at the old level
     after: Run            # first run at the new level
     env: tuple[EnvChange, ...]  # environment changes inside the range: they may explain the step
+    undone: bool = False        # a step the other way brought the series back (see ``undone_steps``)
 
     @property
     def commit_range(self) -> str:
@@ -35,7 +37,7 @@ class Found:
                            "time": self.before.time.isoformat()},
                 "after": {"run": self.after.id, "commit": self.after.commit, "file": str(self.after.path),
                           "time": self.after.time.isoformat()},
-                "level_before": s.level_before, "level_after": s.level_after,
+                "level_before": s.level_before, "level_after": s.level_after, "undone": self.undone,
                 "environment_changes": [e.text for e in self.env]}
 
 
@@ -51,11 +53,25 @@ def find_steps(history: History, fits: dict[str, Fit] | None = None) -> list[Fou
         fit = fit_series(s)
         if fits is not None:
             fits[s.key] = fit
-        for step in fit.steps:
+        undone = undone_steps(fit.steps)
+        for i, step in enumerate(fit.steps):
             before, after = s.runs[step.before], s.runs[step.after]
             env = tuple(e for e in history.env_changes if before < e.run <= after)
-            found.append(Found(s, step, history.runs[before], history.runs[after], env))
+            found.append(Found(s, step, history.runs[before], history.runs[after], env, i in undone))
     return found
+
+
+def undone_steps(steps: Sequence[Step]) -> set[int]:
+    """Indices of pairs of adjacent steps where the second brings the series back to within a quarter of
+    the first step of where it was: several slow windows of the machine in a row, or a regression that
+    was fixed. Both are listed, but neither is a regression to fail on: the series is back."""
+    out: set[int] = set()
+    for i in range(len(steps) - 1):
+        a, b = steps[i], steps[i + 1]
+        if a.slower != b.slower and (abs(math.log(b.level_after / a.level_before))
+                                     <= 0.25 * abs(math.log(a.level_after / a.level_before))):
+            out.update((i, i + 1))
+    return out
 
 
 def in_range(found: Found, since: _dt.datetime | None) -> bool:
@@ -68,8 +84,8 @@ def beyond(found: Found, threshold: float) -> bool:
 
 
 def sort_found(found: Sequence[Found]) -> list[Found]:
-    """Regressions first, largest first."""
-    return sorted(found, key=lambda f: (not f.step.slower, -abs(f.step.size), f.series.key))
+    """Lasting regressions first, largest first; then improvements; undone pairs last."""
+    return sorted(found, key=lambda f: (f.undone, not f.step.slower, -abs(f.step.size), f.series.key))
 
 
 def resolve_since(ref: str, runs: Sequence[Run], repo) -> _dt.datetime:

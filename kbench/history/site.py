@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from kbench.history.changepoints import Fit
 from kbench.history.lineages import LineageHistory
-from kbench.history.regressions import Found, find_steps, sort_found
+from kbench.history.regressions import Found, find_steps, sort_found, undone_steps
 from kbench.history.runs import Run, relpath
 from kbench.history.series import History
 
@@ -97,6 +97,7 @@ def history_data(history: History, fits: dict[str, Fit], links: Links) -> dict[s
     series = []
     for s in history.series:
         fit = fits[s.key]
+        undone = undone_steps(fit.steps)
         params = {k: s.case.get(k) for k in FILTER_PARAMS if k in s.case}
         series.append({
             "key": s.key, "op": s.op, "backend": s.backend, "case": s.case_id, "params": params,
@@ -105,7 +106,7 @@ def history_data(history: History, fits: dict[str, Fit], links: Links) -> dict[s
             "levels": [[s.runs[a], s.runs[b], lv] for a, b, lv in fit.levels],
             "outliers": [s.runs[i] for i in fit.outliers],
             "steps": [{"before": s.runs[st.before], "after": s.runs[st.after], "size": st.size,
-                       "confidence": st.confidence} for st in fit.steps],
+                       "confidence": st.confidence, "undone": i in undone} for i, st in enumerate(fit.steps)],
             "unconfirmed": ({"run": s.runs[fit.unconfirmed.index], "size": fit.unconfirmed.size}
                             if fit.unconfirmed else None),
         })
@@ -173,7 +174,8 @@ def _steps_table(found: Sequence[Found], links: Links) -> str:
     for f in sort_found(found):
         s = f.step
         commits = [_a(links.commit(r.commit), (r.commit or r.id)[:10]) for r in (f.before, f.after)]
-        rows.append(["slower" if s.slower else "faster", f"{100 * s.size:+.1f}%",
+        rows.append([("undone " if f.undone else "") + ("slower" if s.slower else "faster"),
+                     f"{100 * s.size:+.1f}%",
                      f"{100 * s.size_low:+.1f}% .. {100 * s.size_high:+.1f}%", f"{s.confidence:.4f}",
                      html.escape(f.series.machine), html.escape(f.series.backend), html.escape(f.series.case_id),
                      f"{commits[0]} .. {commits[1]}",

@@ -159,11 +159,13 @@
     });
     (s.steps || []).forEach(function (st) {
       var slower = st.size > 0;
+      var color = st.undone ? "#7f7f7f" : slower ? "#d62728" : "#2ca02c";
       shapes.push({type: "rect", xref: "x", yref: "paper", x0: xOf(st.before), x1: xOf(st.after), y0: 0, y1: 1,
-                   fillcolor: slower ? "rgba(214,39,40,0.15)" : "rgba(44,160,44,0.15)", line: {width: 0}});
+                   fillcolor: st.undone ? "rgba(127,127,127,0.12)" : slower ? "rgba(214,39,40,0.15)" : "rgba(44,160,44,0.15)",
+                   line: {width: 0}});
       annotations.push({x: xOf(st.after), y: 1, xref: "x", yref: "paper", showarrow: false, yanchor: "bottom",
-                        text: (slower ? "slower " : "faster ") + (100 * st.size).toFixed(1) + "%",
-                        font: {color: slower ? "#d62728" : "#2ca02c", size: 11}});
+                        text: (st.undone ? "undone " : "") + (slower ? "slower " : "faster ") +
+                              (100 * st.size).toFixed(1) + "%", font: {color: color, size: 11}});
     });
     return {height: 300, margin: {l: 70, r: 20, t: 30, b: 40}, showlegend: false, shapes: shapes,
             annotations: annotations, hovermode: "closest",

@@ -21,14 +21,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import history_synthetic as hs  # noqa: E402
 from kbench.history.changepoints import detect  # noqa: E402
+from kbench.history.regressions import undone_steps  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
     n = ap.parse_args().seeds
-    flat = sum(bool(detect(*hs.medians(5000 + seed, n=30)).steps) for seed in range(n))
-    print(f"flat: a step reported in {flat} of {n}")
+    flat = gate = 0
+    for seed in range(n):
+        steps = detect(*hs.medians(5000 + seed, n=30)).steps
+        flat += bool(steps)
+        undone = undone_steps(steps)
+        gate += any(s.slower and s.size >= 0.02 and i not in undone for i, s in enumerate(steps))
+    print(f"flat: a step reported in {flat} of {n}; `kbench regressions --fail` (2%) would fail on {gate}")
     for size in (0.05, 0.03, 0.02):
         found, width = 0, collections.Counter()
         for seed in range(n):

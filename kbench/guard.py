@@ -8,16 +8,19 @@ any candidate code (a kernel file) is imported. Defence in depth behind the OS s
 Two kinds of events (https://docs.python.org/3/library/audit_events.html):
 
 * **never allowed** after install, whoever raises them: sockets, ``os.system``, fork, exec, spawn,
-  signals to other processes, a subprocess other than the C toolchain Triton's JIT runs, writes
-  (``open`` for writing, remove, rename, mkdir, chmod...) outside the scratch directory, loading a
-  shared library or extension module from a writable place (except Triton's own cache), importing a
-  forbidden module (FlashAttention, xFormers, cuDNN bindings, kbench internals not already loaded).
-* **introspection**, refused when candidate code asks for it (the nearest frame that is not
-  import/ctypes/inspect machinery belongs to a file in the scratch directory, where the worker
-  keeps the kernel file it loads): frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``,
-  ``gi_frame``...), ``gc`` walks, tracing and profiling hooks, ``exec``/``compile``, every ``ctypes``
-  call. NumPy, Triton (interpreter and JIT) and CuPy do these things themselves, from their own
-  frames, and keep working.
+  a subprocess other than the C toolchain Triton's JIT runs, writes (``open`` for writing, remove,
+  rename, mkdir, chmod...) outside the scratch directory, ``ctypes`` loading a shared library from a
+  writable place (except Triton's own cache), importing a forbidden module (FlashAttention, xFormers,
+  cuDNN bindings, Transformer Engine) however spelled.
+* **introspection and the like**, refused when candidate code asks for it (the nearest frame that is
+  not ctypes/inspect machinery belongs to a file in the scratch directory, where the worker keeps the
+  kernel file it loads; under the import system, the module being imported is the one asking): frames
+  (``sys._getframe``, ``sys._current_frames``, ``tb_frame``, ``gi_frame``...), ``gc`` walks, tracing and
+  profiling hooks, ``exec``/``compile``, every ``ctypes`` call, signals, ``resource.setrlimit``, the
+  code and defaults of kbench's own functions, importing ``socket``/``subprocess``/``ctypes``/``gc``/
+  ``multiprocessing`` or kbench modules the worker had not loaded. NumPy, torch, CuPy and Triton's
+  interpreter do such things themselves, from their own frames, and keep working (tests/test_guard.py);
+  Triton's JIT is allowed its toolchain and cache by design, not yet run guarded on a GPU.
 
 An audit hook cannot be removed once added, and the candidate has no reference to the
 :class:`Guard` (the worker holds it in a local variable; frame and ``gc`` access are refused).
@@ -162,15 +165,12 @@ class Guard:
 
     def _import(self, args: tuple) -> str | None:
         name = args[0] if args else ""
-        filename = args[1] if len(args) > 1 else None
         if any(fnmatch.fnmatchcase(name, p) for p in FORBIDDEN_MODULES):
             return f"audit: refused import {name} (a forbidden module)"
         if (name == "kbench" or name.startswith("kbench.")) and name not in self.loaded_kbench:
             return self._if_candidate(f"import {name} (kbench internals)", through_imports=True)
         if any(fnmatch.fnmatchcase(name, p) for p in CANDIDATE_FORBIDDEN_MODULES):
             return self._if_candidate(f"import {name}", through_imports=True)
-        if isinstance(filename, str) and not filename.endswith(".py") and self._loads_from_writable(filename):
-            return f"audit: refused import {name} from {filename} (a compiled module from a writable place)"
         return None
 
     def _popen(self, args: tuple) -> str | None:

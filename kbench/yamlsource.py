@@ -49,6 +49,22 @@ class _Loader(_Base):  # type: ignore[misc, valid-type]
 
     source: str | None = None
 
+    def resolve(self, kind, value, implicit):
+        # the (C) parser asks the Python resolver about every scalar; big suites repeat a few values
+        # ("64", "fp32", "true") thousands of times, and the regular expressions were the loader's hot spot
+        if kind is yaml.ScalarNode and implicit[0]:
+            tag = _RESOLVED.get(value)
+            if tag is None:
+                tag = super().resolve(kind, value, implicit)
+                if len(_RESOLVED) < 65536:
+                    _RESOLVED[value] = tag
+            return tag
+        return super().resolve(kind, value, implicit)
+
+
+#: tag of each plain scalar seen (plain scalars resolve by their text alone in the safe schema)
+_RESOLVED: dict[str, str] = {}
+
 
 # YAML 1.2 numbers: replace the 1.1 int and float resolvers, keep the others (bool, null, timestamp...)
 _Loader.yaml_implicit_resolvers = {
@@ -87,7 +103,9 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue
-        key = loader.construct_object(key_node, deep=True)
+        # scalar keys compare by tag and text (no construction: this runs for every mapping of the file)
+        key = (key_node.value if key_node.tag == "tag:yaml.org,2002:str"
+               else loader.construct_object(key_node, deep=True))
         try:
             first = seen.get(key)
         except TypeError:  # an unhashable key: SafeConstructor reports it
@@ -143,17 +161,15 @@ def _check_expansion(root: yaml.Node, source: str | None) -> None:
                        file=source, fix="write the values out, or share fewer levels of aliases")
 
 
-#: paths deeper than this share their ancestor's line (keeps the index linear in the document)
-_INDEX_DEPTH = 64
-
-
-def _index(root: yaml.Node, lines: dict[tuple, int]) -> None:
+def _index(root: yaml.Node, lines: dict[tuple, int], source: str | None) -> None:
+    """Line of every path; refuses nesting deeper than MAX_DEPTH (aliases have been checked before)."""
     stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
     while stack:
         node, path = stack.pop()
         lines.setdefault(path, node.start_mark.line + 1)
-        if len(path) >= _INDEX_DEPTH:
-            continue
+        if len(path) >= MAX_DEPTH and _children(node):
+            raise BadInput(f"nested more than {MAX_DEPTH} levels deep", file=source, where=_where(node),
+                           fix="flatten the document (a suite is a few levels deep)")
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
@@ -174,7 +190,10 @@ def load_yaml_text(text: str, *, source: str | None = None) -> tuple[Any, dict[t
         node = loader.get_single_node()
         if node is None:
             return None, {}
-        _check_expansion(node, source)
+        if "*" in text:  # no alias without a '*': the common case skips the graph walk
+            _check_expansion(node, source)
+        lines: dict[tuple, int] = {}
+        _index(node, lines, source)  # before construction: refuses deep nesting with its line
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -187,8 +206,6 @@ def load_yaml_text(text: str, *, source: str | None = None) -> tuple[Any, dict[t
         raise BadInput("YAML nested too deeply", file=source, fix="flatten the document") from None
     finally:
         loader.dispose()
-    lines: dict[tuple, int] = {}
-    _index(node, lines)
     return data, lines
 
 

@@ -422,13 +422,16 @@ def operators_command(pm):
 
 @evolve_group.command("seeds")
 def seeds_command():
-    """Paths of the seed kernels: the NumPy one shipped here, the Triton one from kbench-triton."""
+    """Paths of the seed kernels: NumPy (cpu) and torch-operations (torch, CPU) shipped here, the Triton one
+    (cuda) from kbench-triton."""
     import importlib.util
     from importlib import resources
 
     for entry in sorted(resources.files("kbench_evolve").joinpath("seeds").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".py"):
-            click.echo(f"cpu   {entry}")
+            # first word: where it runs; "cpu" stays the NumPy seed's alone (scripts pick it with /^cpu/)
+            kind = "torch" if entry.name.startswith("torch") else "cpu"
+            click.echo(f"{kind:5s} {entry}")
     spec = importlib.util.find_spec("kbench_triton")
     triton_seed = (Path(spec.origin).parent / "seeds" / "triton_attention_seed.py") if spec and spec.origin else None
     if triton_seed and triton_seed.is_file():

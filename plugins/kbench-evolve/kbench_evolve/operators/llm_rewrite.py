@@ -9,33 +9,15 @@ from kbench_evolve import source as src
 from kbench_evolve.operators import Operator
 from kbench_evolve.store import append_jsonl
 
-PROMPT = """You improve an attention kernel of an evolutionary lineage. Fitness: TFLOP/s per case measured by the
-harness, all zero if any case is wrong; a change is kept only if correct everywhere and faster beyond noise.
+ANSWER = """
+Answer with one line `RATIONALE: ...` and then one or more SEARCH/REPLACE blocks against the champion's
+source (the format of the system prompt). No tools here: the harness checks, measures and decides."""
 
-Lineage (oldest first):
-{lineage}
-
-Recent rejected attempts (do not repeat them):
-{rejected}
-
-Knowledge:
-{knowledge}
-
-Champion {label} source:
-```python
-{source}
-```
-
-Answer with one line `RATIONALE: ...` and then one or more blocks, each exactly:
-<<<<<<< SEARCH
-lines copied exactly from the champion
-=======
-replacement lines
->>>>>>> REPLACE
-"""
-
-#: documents put into the prompt whole (the rest are listed by title)
-KEY_DOCS = ("attention-online-softmax.md", "avo-optimisations.md", "numpy-cpu-kernels.md")
+#: documents put into the prompt whole, by the champion's substrate (the rest are listed by title)
+KEY_DOCS = ("attention-online-softmax.md", "avo-optimisations.md")
+SUBSTRATE_DOCS = {"numpy": ("numpy-cpu-kernels.md",), "torch": ("torch-cpu-kernels.md",),
+                  "triton": ("flashattention-2-3-4.md", "hopper-blackwell-tips.md"),
+                  "cupy": ("flashattention-2-3-4.md", "hopper-blackwell-tips.md")}
 
 
 class LLMRewriteOperator(Operator):
@@ -44,17 +26,15 @@ class LLMRewriteOperator(Operator):
     uses_llm = True
 
     def prompt(self, ctx) -> str:
-        champ = ctx.champion()
-        lineage = "\n".join(f"{v.label}: {v.geomean:.4g} TFLOP/s, {v.meta.get('operator')}: "
-                            f"{(v.meta.get('rationale') or '')[:200]}" for v in ctx.lineage.versions())
-        rejected = [a for a in ctx.lineage.attempts() if a.get("outcome") == "rejected"][-6:]
+        """The agent's brief (device, roofs, substrate, budgets, champion and its profile, lineage,
+        rejected attempts, notes) plus the key knowledge documents whole, and the answer format."""
+        from kbench_evolve.prompt import brief
+
         kb = ctx.knowledge
-        knowledge = ""
-        if kb:
-            knowledge = kb.index() + "\n\n" + "\n\n".join(kb.read(n) for n in KEY_DOCS if n in kb.names())
-        return PROMPT.format(lineage=lineage, label=champ.label, source=champ.source, knowledge=knowledge,
-                             rejected="\n".join(f"- {a.get('rationale', '')[:120]} -> {a.get('reason', '')[:120]}"
-                                                for a in rejected) or "(none)")
+        substrate = src.module_globals(ctx.champion().source).get("SUBSTRATE", "numpy")
+        names = KEY_DOCS + SUBSTRATE_DOCS.get(substrate, ())
+        docs = "\n\n".join(kb.read(n) for n in names if n in kb.names()) if kb else ""
+        return brief(ctx) + ("\n\nKey knowledge:\n" + docs if docs else "") + "\n" + ANSWER
 
     def vary(self, ctx) -> str:
         from kbench_evolve.llm import LLMClient
@@ -66,19 +46,24 @@ class LLMRewriteOperator(Operator):
 
         def on_overflow(msgs: list[dict]) -> bool:
             """Drop the oldest rejected exchanges (the first prompt stays): the context window is full."""
-            if len(msgs) <= 3:
+            if len(msgs) <= 4:
                 return False
-            del msgs[1:3]
+            del msgs[2:4]
             return True
 
-        messages = [{"role": "user", "content": self.prompt(ctx)}]
+        from kbench_evolve.prompt import SYSTEM
+
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.prompt(ctx)}]
         trajectory = ctx.lineage.scratch("trajectories") / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.jsonl"
-        append_jsonl(trajectory, messages[0])
+        for m in messages:
+            append_jsonl(trajectory, m)
         while ctx.steps_left() > 0:
             ctx.step()
             reply = client.complete(messages, compact=on_overflow)
             append_jsonl(trajectory, usage_entry(reply, client))
             text = reply.get("content") or ""
+            if text.strip().upper().startswith("GIVE UP"):  # the system prompt's convention
+                return "the model gave up: " + text.strip()[:120]
             rationale = next((line.split(":", 1)[1].strip() for line in text.splitlines()
                               if line.upper().startswith("RATIONALE:")), "llm rewrite")
             try:

@@ -225,8 +225,9 @@ class Evaluator:
         try:
             planned = plan_run(self.pm, req)
         except KbenchError as exc:  # a candidate that does not even load is a failed attempt
-            if len(kernels) > 1:
-                raise
+            if len(kernels) > 1:  # which one? each alone: the one that does not load gets its failure
+                return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only)[0]
+                        for i, k in enumerate(kernels)]
             m = Measurement(kernels[0], None)
             m.failures["(load)"] = f"{type(exc).__name__}: {exc}"
             return [m]

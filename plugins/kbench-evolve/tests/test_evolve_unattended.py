@@ -50,6 +50,15 @@ def test_an_environment_failure_never_marks_or_blacklists_the_candidate(pm, line
     assert lineage.attempts()[-1]["outcome"] in ("committed", "rejected") and "speedup" in result.reason  # measured
 
 
+def test_a_candidate_that_does_not_load_is_its_own_failure_not_the_runs(pm, lineage):
+    ev = Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device="cpu", rounds=1)
+    ctx = VariationContext(pm, lineage, ev, Budget(), Spent(), {}, "mutate", echo=lambda s: None)
+    bad = lineage.champion().source.replace('SUBSTRATE = "numpy"', 'SUBSTRATE = "nope"')
+    result = ctx.submit(bad, rationale="unknown substrate")
+    assert not result.committed and result.reason.startswith("incorrect") and "SUBSTRATE" in result.reason
+    assert lineage.attempts()[-1]["outcome"] == "rejected"
+
+
 def test_infrastructure_records_are_told_apart_from_the_kernels_failures():
     assert infrastructure_reason({"status": "error", "reason": "sandbox unavailable", "cause": "infrastructure"})
     assert infrastructure_reason({"status": "error", "reason": "worker failed to start: worker died (exit 1)"})

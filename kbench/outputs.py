@@ -163,6 +163,7 @@ class ResultLock:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.fd: int | None = None
+        self.pid: int | None = None
 
     def acquire(self) -> None:
         lock = lock_path(self.path)
@@ -191,10 +192,10 @@ class ResultLock:
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        self.fd, self.pid = fd, os.getpid()
 
     def release(self) -> None:
-        if self.fd is None:
+        if self.fd is None or self.pid != os.getpid():  # a forked child never removes its parent's lock
             return
         try:
             os.unlink(lock_path(self.path))

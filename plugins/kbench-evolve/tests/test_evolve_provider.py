@@ -107,3 +107,19 @@ def test_an_unpriced_call_is_shown_as_unknown_never_zero(lineage, api_key):
     assert res.exit_code == 0, res.output
     assert "cost unknown (1 unpriced model calls" in res.output and "$0.0000," not in res.output
     assert lineage.load_state()["spent"]["unpriced_calls"] == 1
+
+
+def test_transient_errors_are_retried_and_logged_with_their_time(lineage, api_key):
+    from openai_server import error
+
+    script = [error(429, "Rate limit reached, retry later", "rate_limit_exceeded"),
+              error(503, "The server is overloaded"),
+              reply("GIVE UP: nothing to try")]
+    with ScriptedOpenAI(script) as server:
+        res = evolve("run", "t", "--operator", "agent", "--api-base", server.url, "--model", "openai/scripted",
+                     "--iterations", "1", "--llm-retries", "2", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    assert len(server.requests) == 3 and res.output.count("! model call failed") == 2
+    errors = read_jsonl(lineage.root / "llm-errors.jsonl")
+    assert [(e["kind"], e["status_code"]) for e in errors] == [("transient", 429), ("transient", 503)]
+    assert all(e["time"] for e in errors) and lineage.load_state()["status"] == "finished"

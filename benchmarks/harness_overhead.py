@@ -5,7 +5,9 @@ Prints, for REPEATS runs side by side:
   * one (case, backend) through kbench.execute with the default timing settings: wall time of the
     record vs the sum of its timed samples (the rest is warm-up, correctness checks, references,
     input generation and statistics), samples taken, stop reason, relative spread and rel. SE reached;
-  * `kbench run suites/smoke.yaml` as a user runs it: process wall time vs the sum of every timed sample.
+  * `kbench run suites/smoke.yaml` as a user runs it: process wall time vs the sum of every timed sample;
+  * the precision the parent's clock accounting leaves: a kernel that busy-waits exactly 20 ms, its median
+    and fastest sample against 20 ms, and the fraction of the parent's batch time its samples explain.
 
 Usage: python benchmarks/harness_overhead.py [--repeats 3]
 """
@@ -42,6 +44,27 @@ def one_record(pm: PluginManager, backend: str) -> dict:
             "median": rec["stats"]["median"], "rel_spread": rec["stats"]["rel_spread"], "rel_se": rec["stats"]["rel_se"]}
 
 
+def spin_precision(pm: PluginManager, target: float = 0.02) -> dict:
+    from kbench.builtin.numpy_backends import attention_numpy
+    from kbench.ops.attention import softmax_scale
+    from kbench.testing import FunctionBackend
+
+    def spin(q, k, v, out, case):  # a right answer, then busy-wait until exactly `target` after the start
+        end = time.perf_counter() + target
+        attention_numpy(q, k, v, out, causal=case["causal"], scale=softmax_scale(case))
+        while time.perf_counter() < end:
+            pass
+    reg = pm.registry
+    op, dev = reg.op("attention"), reg.device("cpu")
+    ctx = ExecContext(op=op, device=dev, check=CheckSettings(seeds=1),
+                      timing=TimingSettings(warmup_time=0.0, min_samples=30, min_time=0.0, max_time=3.0,
+                                            target_rel_se=0.0))
+    rec = execute(ctx, FunctionBackend(spin), op.make_case({"seqlen": 16, "heads": 1, "head_dim": 8}))
+    samples = rec["timing"]["samples"]
+    return {"median": statistics.median(samples), "min": min(samples), "n": len(samples),
+            "explained": rec["timing"]["accounting"]["explained"], "status": rec["status"]}
+
+
 def smoke_run() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "smoke.json"
@@ -68,6 +91,10 @@ def main() -> None:
               f"({med['timed'] / med['wall']:.0%} of wall), {med['n']:.0f} samples, "
               f"median sample {med['median'] * 1e3:.2f} ms, IQR/median {med['rel_spread']:.2%}, "
               f"rel. SE {med['rel_se']:.2%}, stop: {', '.join(sorted({r['stop'] for r in runs}))}")
+    spin = spin_precision(pm)
+    print(f"\n20 ms busy-wait: median sample {spin['median'] * 1e3:.3f} ms ({spin['median'] / 0.02 - 1:+.2%}), "
+          f"fastest {spin['min'] * 1e3:.3f} ms ({spin['min'] / 0.02 - 1:+.2%}), {spin['n']} samples; the samples "
+          f"explain {spin['explained']:.1%} of the parent's net batch time")
     runs = [smoke_run() for _ in range(args.repeats)]
     walls = ", ".join(f"{r['wall']:.2f}" for r in runs)
     wall = statistics.median(r["wall"] for r in runs)

@@ -91,29 +91,40 @@ LOOSE = {
 
 HONEST_REGISTRY = ["numpy", "numpy-flash", "torch-sdpa"]
 
+#: honest kernel files outside the corpus: the evolve plugin's seeds (untrusted, like every candidate)
+SEEDS = sorted((HERE.parents[1] / "plugins/kbench-evolve/kbench_evolve/seeds").glob("*_seed.py"))
 
-def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_timeout=None, tolerance=None):
+
+def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_timeout=None, tolerance=None,
+         seeds=()):
     pm = PluginManager()
     suite = suite_from_data({**SUITE, "integrity": {**SUITE["integrity"], **integrity}})
     honest = [b for b in honest if b in pm.registry.backends]
+    seeds = [p for p in seeds if _substrate(p) in pm.registry.substrates]
     out = tmp_path_factory.mktemp("redteam") / "r.json"
     req = RunRequest(suite=suite, device="cpu", backend_patterns=honest, case_timeout=case_timeout,
-                     kernel_files=[str(HERE / f"{f}.py") for f in files], output=out)
+                     kernel_files=[str(HERE / f"{f}.py") for f in files] + [str(p) for p in seeds], output=out)
     planned = plan_run(pm, req)
     if tolerance:  # looser than a suite may ask (the schema caps it): as a program using the API could
         planned.ctx.check = dataclasses.replace(planned.ctx.check, tolerance=tolerance)
     writer = run_suite(pm, planned)
-    return {r["backend"]: r for r in writer.records}, honest
+    return {r["backend"]: r for r in writer.records}, honest + [f"file:{p.stem}" for p in seeds]
+
+
+def _substrate(path: Path) -> str:
+    from kbench.integrity import literal_globals
+
+    return literal_globals(path.read_text(), ("SUBSTRATE",)).get("SUBSTRATE", "numpy")
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    return _run(tmp_path_factory, DEFAULT, {})
+    return _run(tmp_path_factory, DEFAULT, {}, seeds=SEEDS)
 
 
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
-    return _run(tmp_path_factory, DYNAMIC, {"static_checks": "none"}, honest=["numpy"])
+    return _run(tmp_path_factory, DYNAMIC, {"static_checks": "none"}, honest=["numpy"], seeds=SEEDS)
 
 
 def _expect(records, name, status, pattern):
@@ -163,6 +174,8 @@ def test_every_corpus_file_has_an_expectation():
 def test_honest_registry_backends_never_flagged(request, run):
     records, honest = request.getfixturevalue(run)
     assert "numpy" in honest
+    if run != "loose_run":  # the numpy seed at least: its substrate is built in
+        assert "file:numpy_attention_seed" in honest
     for name in honest:
         rec = records[name]
         assert rec["status"] == "passed", (name, rec["reason"])

@@ -53,6 +53,8 @@ EXPLAINED_FRACTION = 0.25
 LOAD_FACTOR = 2.0
 #: below this much unexplained time (s) in a batch the accounting is too coarse to judge it
 ACCOUNTING_FLOOR = 0.0005
+#: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
+TIMED_ROWS = 32
 #: extra timed/empty batch pairs measured before samples that do not add up fail a record
 AUDIT_PAIRS = 4
 #: a device sample may exceed its wall stamps by this much (event vs host clock granularity)
@@ -124,14 +126,15 @@ def trivial_errors(op, case, inputs: Mapping[str, np.ndarray], rows, ref: np.nda
 
 
 def verify(ctx, case, inputs: Mapping[str, np.ndarray], output: np.ndarray, what: str,
-           rng: np.random.Generator) -> tuple[float, int | None]:
+           rng: np.random.Generator, *, max_rows: int | None = None,
+           uniform: bool = True) -> tuple[float, int | None]:
     """Judge one output (a copy taken from the arena): raises CheckFailed, returns (rel_l2, rows checked)."""
     op = ctx.op
     wide = output.astype(np.float32) if output.dtype.itemsize < 4 else output
     bad = int(np.count_nonzero(~np.isfinite(wide)))
     if bad:
         raise CheckFailed(f"{bad} of {output.size} output elements are NaN/Inf (never written, or overflow) on {what}")
-    rows = op.sample_rows(case, ctx.check.max_rows, rng)  # picked now: the output already exists
+    rows = op.sample_rows(case, max_rows or ctx.check.max_rows, rng)  # picked now: the output already exists
     ref = op.reference(case, inputs, rows)
     got = op.select(case, output, rows).astype(np.float64)
     err = relative_l2(got, ref)
@@ -143,7 +146,7 @@ def verify(ctx, case, inputs: Mapping[str, np.ndarray], output: np.ndarray, what
     if float(np.ptp(ref)) > 0 and got.size and float(np.ptp(got)) == 0.0:
         raise CheckFailed(f"output is constant ({float(got.ravel()[0]):g} everywhere) while the reference varies, "
                           f"on {what}")
-    trivial = trivial_errors(op, case, inputs, rows, ref)
+    trivial = trivial_errors(op, case, inputs if uniform else {}, rows, ref)
     name, best = min(trivial.items(), key=lambda kv: kv[1])
     if best > 0 and err * TRIVIAL_MARGIN > best:
         raise CheckFailed(f"output is not much closer to the reference than {name} (relative L2 {err:.3g} vs "
@@ -359,7 +362,10 @@ class Judge:
         # by address answers it stale), the last, and one the runner could not know in advance
         for slot in sorted({slots[0], slots[n - 1], slots[int(self.rng.integers(n))]}):
             try:
-                verify(self.ctx, self.case, self.held[slot], self._output(slot), "a timed call", self.rng)
+                # fewer rows (still picked after the fact) and no uniform-attention reference: the
+                # correctness trials did the full check; these catch answers that change when timed
+                verify(self.ctx, self.case, self.held[slot], self._output(slot), "a timed call", self.rng,
+                       max_rows=min(self.ctx.check.max_rows, TIMED_ROWS), uniform=False)
             except CheckFailed as exc:
                 raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
                                   f"garbage results when timed): {exc.args[0]}") from None

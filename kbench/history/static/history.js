@@ -84,7 +84,10 @@
 
   /* ---- one chart ---- */
   function traces(s) {
-    var idx = s.x.map(function (_, k) { return k; });
+    /* points set aside as outliers get their own markers below; the line and band join the others */
+    var aside = {};
+    (s.outliers || []).forEach(function (r) { aside[r] = 1; });
+    var idx = s.x.map(function (_, k) { return k; }).filter(function (k) { return !aside[s.x[k]]; });
     if (state.machine) idx = idx.filter(function (k) { return data.runs[s.x[k]].machine === state.machine; });
     var xs = idx.map(function (k) { return xOf(s.x[k]); });
     var out = [];

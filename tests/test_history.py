@@ -257,3 +257,26 @@ def test_a_level_that_comes_back_is_undone_and_does_not_fail_the_gate(tmp_path):
     assert res.exit_code == 0, res.output
     assert [ln[:1] for ln in res.output.splitlines() if ln[:2] in ("+ ", "- ", "~ ")] == ["~", "~"]
     assert "2 undone" in res.output
+
+
+def test_the_partition_is_the_best_of_all_partitions():
+    """Checked against every partition of short series (2^(n-1) of them)."""
+    import itertools
+
+    from kbench.history.changepoints import MIN_SEGMENT, _partition
+
+    def cost(y, w, cuts):
+        bounds = [0, *cuts, y.size]
+        return sum(float(np.sum(w[a:b] * (y[a:b] - np.average(y[a:b], weights=w[a:b])) ** 2))
+                   for a, b in zip(bounds[:-1], bounds[1:])) + penalty * len(cuts)
+
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        n = int(rng.integers(4, 13))
+        y = rng.normal(0, 1, n) + np.where(np.arange(n) >= rng.integers(1, n), rng.normal(0, 3), 0.0)
+        w = rng.uniform(0.5, 2.0, n)
+        penalty = float(rng.uniform(0.5, 8.0))
+        valid = [list(c) for r in range(n) for c in itertools.combinations(range(1, n), r)
+                 if all(b - a >= MIN_SEGMENT for a, b in zip([0, *c], [*c, n]))]
+        best = min(cost(y, w, c) for c in valid)
+        assert cost(y, w, _partition(y, w, penalty, MIN_SEGMENT)) == pytest.approx(best, abs=1e-9), trial

@@ -83,7 +83,8 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
                  f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%", f"{f.step.confidence:.4f}",
                  f.series.machine, f.series.backend, f.series.case_id, f.commit_range,
                  "; ".join(e.text for e in f.env)] for f in found]
-        headers = ("", "size", "95% CI", "confidence", "machine", "backend", "case", "commits", "environment changed")
+        headers = ("" if fmt in ("table", "markdown") else "change", "size", "95% CI", "confidence", "machine",
+                   "backend", "case", "commits", "environment changed")
         text = fmt in ("table", "markdown")
         if rows or not text:
             click.echo(render(headers, rows, fmt))

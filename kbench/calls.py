@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kbench.integrity import ThreadLeak, ThreadWatch, thread_counts
+from kbench.unsupported import Unsupported
 
 #: byte alignment of every array in an arena (cache lines; SIMD loads)
 ALIGN = 64
@@ -278,6 +279,8 @@ class CallRunner:
             return "error", {"reason": f"unknown request {kind!r}"}
         except MemoryError as exc:
             return "error", {"reason": f"out of memory: {exc}".rstrip(": "), "memory": True}
+        except Unsupported as exc:  # a library refused the case: a skip with its own words, not an error
+            return "error", {"reason": str(exc), "unsupported": True}
         except Exception as exc:  # noqa: BLE001 - a failing kernel is a record, never the end of a run
             return "error", {"reason": f"{type(exc).__name__}: {exc}",
                              "traceback": "".join(traceback.format_exception(exc)[-6:])}

@@ -65,8 +65,9 @@ class KbenchGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, plugins: tuple[str, ...]) -> None:
     """kbench: benchmark attention kernels with checked correctness and sound timing."""
-    from kbench.plugins import get_plugin_manager
+    from kbench.plugins import get_plugin_manager, show_plugin_warnings_plainly
 
+    show_plugin_warnings_plainly()
     ctx.obj = get_plugin_manager(plugins)
 
 

@@ -426,6 +426,8 @@ def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None
         rec["reason"] = str(exc.reply.get("reason"))
         if exc.reply.get("failed"):  # refused by the worker's guard: the kernel did what it may not
             rec["status"] = Status.FAILED.value
+        elif exc.reply.get("unsupported"):  # a library refused the case (kbench.unsupported)
+            rec["status"] = Status.SKIPPED.value
         if exc.reply.get("traceback"):
             rec["traceback"] = str(exc.reply["traceback"])
         _end(channel, j)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-import yaml
 
 from kbench.errors import BadInput
 
@@ -117,9 +116,12 @@ class BackendPattern(str):
 
 def parse_value(text: str) -> Any:
     """A setting's value as YAML reads it: ``64`` -> 64, ``true`` -> True, ``fast`` -> 'fast'."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+    from kbench.errors import BadInput
+    from kbench.yamlsource import load_yaml_text
+
+    try:  # kbench's one YAML reader: YAML 1.2 numbers (2e-2 is a float), limits
+        value = load_yaml_text(text)[0]
+    except BadInput:
         return text
     return value if isinstance(value, (int, float, str, bool)) or value is None else text
 

@@ -700,8 +700,11 @@ class WorkerPool:
             text = worker.tail.text().strip() if worker.tail else ""
             if text:
                 rec["stderr_tail"] = text
-        rec["worker"] = {"pid": worker.proc.pid if worker.proc else None, "sandbox": not backend.trusted,
+        rec["worker"] = {"pid": worker.proc.pid if worker.proc else None, "sandbox": bool(worker.setup.bwrap),
                          "starts": worker.starts}
+        if not backend.trusted and rec.get("status") not in (Status.PASSED.value, Status.SKIPPED.value):
+            # threads a misbehaving kernel left behind would burn CPU while later backends are measured
+            worker.close()
         return rec
 
     def close(self) -> None:

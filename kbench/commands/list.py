@@ -17,9 +17,17 @@ def _avail(obj) -> str:
 
 @click.command("list")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True)
+@click.option("--plugins", "plugins_only", is_flag=True,
+              help="Only the plugins: where each was found, its hooks, what it registered; entry points in a "
+                   "mistyped group.")
 @click.pass_obj
-def list_command(pm, fmt):
+def list_command(pm, fmt, plugins_only):
     """List what the installed plugins provide, and why anything is unavailable."""
+    if plugins_only:
+        from kbench.plugins import format_plugin_report, plugin_report
+
+        click.echo(format_plugin_report(plugin_report(pm), fmt))
+        return
     reg = pm.registry
     sections = {
         "plugins": (("name", "module", "from"), [(i.name, i.module, i.source) for i in pm.infos]),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from kbench.hints import traceback_hint
 from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
 
@@ -95,6 +96,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         sys.exit(143 if "SIGTERM" in exc.how else 130)
     click.echo(records_table(writer.records, fmt))
     click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
+    hint = traceback_hint(writer.records, planned.output)
+    if hint:
+        click.echo(hint, err=True)
     sys.exit(exit_code(writer.records))
 
 

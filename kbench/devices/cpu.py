@@ -33,7 +33,7 @@ def cpu_count() -> int:
 
 def blas_threads() -> dict[str, Any]:
     """Thread counts the BLAS and OpenMP runtimes use, which decide CPU timings."""
-    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "KBENCH_TORCH_THREADS")
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 

@@ -422,8 +422,8 @@ def operators_command(pm):
 
 @evolve_group.command("seeds")
 def seeds_command():
-    """Paths of the seed kernels: NumPy (cpu) and torch-operations (torch, CPU) shipped here, the Triton one
-    (cuda) from kbench-triton."""
+    """Paths of the seed kernels: NumPy (cpu) and torch-operations (torch, CPU) shipped here, the Triton ones
+    (cuda: FlashAttention-2 style; sm90: Hopper TMA + warp specialisation) from kbench-triton."""
     import importlib.util
     from importlib import resources
 
@@ -433,8 +433,10 @@ def seeds_command():
             kind = "torch" if entry.name.startswith("torch") else "cpu"
             click.echo(f"{kind:5s} {entry}")
     spec = importlib.util.find_spec("kbench_triton")
-    triton_seed = (Path(spec.origin).parent / "seeds" / "triton_attention_seed.py") if spec and spec.origin else None
-    if triton_seed and triton_seed.is_file():
-        click.echo(f"cuda  {triton_seed}")
-    else:
-        click.echo("cuda  (install kbench-triton for the Triton seed, kbench_triton/seeds/triton_attention_seed.py)")
+    seeds_dir = Path(spec.origin).parent / "seeds" if spec and spec.origin else None
+    # the FA2-style Triton seed (any sm_80+ GPU) and the Hopper one (TMA, warp specialisation; sm_90+)
+    for kind, file in (("cuda", "triton_attention_seed.py"), ("sm90", "triton_hopper_seed.py")):
+        if seeds_dir is not None and (seeds_dir / file).is_file():
+            click.echo(f"{kind:5s} {seeds_dir / file}")
+        else:
+            click.echo(f"{kind:5s} (install kbench-triton for this Triton seed, kbench_triton/seeds/{file})")

@@ -48,6 +48,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "Case": ("kbench.ops", "Case"),
     "CaseError": ("kbench.ops", "CaseError"),
     "Substrate": ("kbench.kernelfile", "Substrate"),
+    # a kernel file registered as a backend, run in a worker (never imported by the parent)
+    "KernelFileRef": ("kbench.workers", "KernelFileRef"),
     "HardwareProfile": ("kbench.hardware", "HardwareProfile"),
     "match_profile": ("kbench.hardware", "match_profile"),
     "load_profiles": ("kbench.hardware", "load_profiles"),
@@ -73,6 +75,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     "torch_dtype": ("kbench.devices.interop", "torch_dtype"),
     "is_out_of_memory": ("kbench.devices.interop", "is_out_of_memory"),
     "oom_as_memory_error": ("kbench.devices.interop", "oom_as_memory_error"),
+    # which GPU the cuda device measures on and whether it is usable (CuPy imported on use)
+    "cuda_device_index": ("kbench.devices.interop", "cuda_device_index"),
+    "cuda_unavailable_reason": ("kbench.devices.interop", "cuda_unavailable_reason"),
     # selection: backend patterns with settings (numpy-flash[block_q=64])
     "BackendPattern": ("kbench.selection", "BackendPattern"),
     # running suites from a command plugin
@@ -114,8 +119,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.backends import Backend, Kernel, Tunable
     from kbench.compare import geomean
     from kbench.devices import Device
-    from kbench.devices.interop import (as_cupy, as_numpy, as_torch, is_out_of_memory, oom_as_memory_error,
-                                        to_device_array, torch_dtype)
+    from kbench.devices.interop import (as_cupy, as_numpy, as_torch, cuda_device_index, cuda_unavailable_reason,
+                                        is_out_of_memory, oom_as_memory_error, to_device_array, torch_dtype)
     from kbench.enums import DType, Status
     from kbench.errors import BadInput, KbenchError, PluginError
     from kbench.unsupported import Unsupported
@@ -129,5 +134,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.results import atomic_write_json, now_iso
     from kbench.runner import RunRequest, pick_device, plan_run, run_suite
     from kbench.selection import BackendPattern
+    from kbench.workers import KernelFileRef
     from kbench.suite import Suite, load_suite, suite_from_data
     from kbench.tables import render as render_table

@@ -88,16 +88,10 @@ def core_imports_outside_api() -> list[str]:
 
 #: where an imported name lives in kbench.api when it is not spelled the same
 RENAMED = {"kbench.tables.render": "render_table"}
-#: imports with no kbench.api equivalent yet, and why (the lead decides their home)
-NO_API_YET = {
-    # a worker-internal class under redesign (issue 11): evolve should register kernel files
-    # through a public constructor once the trust-boundary work settles what it is
-    "kbench.workers.KernelFileRef",
-    # which GPU the cuda device uses and whether it is usable: a question to the registered
-    # `cuda` Device (kbench-cuda's), not a helper of the core
-    "kbench_cuda.runtime.device_index",
-    "kbench_cuda.runtime.unavailable_reason",
-}
+#: imports with no kbench.api equivalent yet, and why (the lead decides their home); none since issue 14:
+#: KernelFileRef is public, and which GPU / whether it is usable is the core's cuda_device_index /
+#: cuda_unavailable_reason (kbench-cuda's runtime re-exports them)
+NO_API_YET: set[str] = set()
 
 
 def test_every_core_import_of_a_plugin_has_its_name_in_kbench_api():
@@ -118,9 +112,6 @@ def test_every_core_import_of_a_plugin_has_its_name_in_kbench_api():
     assert missing == []
 
 
-@pytest.mark.xfail(reason="issue 14: the lead rewires the plugins to kbench.api at the end; remove this marker then. "
-                          "`python -c 'import tests.test_api as t; print(*t.core_imports_outside_api(), sep=chr(10))'` "
-                          "lists what is left", strict=False)
 def test_plugins_import_the_core_only_through_kbench_api():
     assert core_imports_outside_api() == []
 
@@ -134,6 +125,31 @@ def test_the_scan_sees_a_core_import_in_a_plugin(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert core_imports_outside_api() == ["plugins/kbench-x/kbench_x/mod.py: kbench.ops.Case",
                                           "plugins/kbench-x/kbench_x/mod.py: kbench_torch.interop.as_torch"]
+
+
+# --------------------------------------------------------------------------------------------
+# which GPU and whether it is usable: one answer for the cuda device and the GPU backends
+
+
+def test_the_cuda_device_index_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("KBENCH_CUDA_DEVICE", raising=False)
+    assert api.cuda_device_index() == 0
+    monkeypatch.setenv("KBENCH_CUDA_DEVICE", " 3 ")
+    assert api.cuda_device_index() == 3
+    monkeypatch.setenv("KBENCH_CUDA_DEVICE", "x")  # not a number: the default, as before
+    assert api.cuda_device_index() == 0
+
+
+def test_an_absent_gpu_is_a_reason_and_the_cuda_device_gives_the_same_one():
+    reason = api.cuda_unavailable_reason(99)  # no machine has a usable GPU 99
+    assert isinstance(reason, str)
+    assert reason.startswith(("cupy is not importable", "CUDA runtime:", "KBENCH_CUDA_DEVICE=99 but only")), reason
+    runtime = pytest.importorskip("kbench_cuda.runtime")
+    assert runtime.unavailable_reason is api.cuda_unavailable_reason
+    assert runtime.device_index is api.cuda_device_index
+    from kbench_cuda.device import CudaDevice
+
+    assert CudaDevice(index=99).available() == reason
 
 
 # --------------------------------------------------------------------------------------------

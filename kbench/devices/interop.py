@@ -13,10 +13,13 @@ plugin importing this module stays light.
 ``as_cupy(array, dtype)``    torch CUDA tensor / DLPack or CUDA-array-interface producer -> CuPy (bf16: uint16)
 ``torch_dtype(dtype)``       the torch dtype of a case dtype
 ``oom_as_memory_error(fn)``  a kernel whose CuPy/torch out-of-memory errors become ``MemoryError``
+``cuda_device_index()``      the CUDA device index kbench measures on (``KBENCH_CUDA_DEVICE``, default 0)
+``cuda_unavailable_reason()`` ``None`` when that GPU is usable through CuPy, else why not
 """
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
@@ -25,7 +28,10 @@ import numpy as np
 from kbench.enums import DType
 
 __all__ = ["as_torch", "as_numpy", "as_cupy", "to_device_array", "torch_dtype", "is_out_of_memory",
-           "oom_as_memory_error"]
+           "oom_as_memory_error", "CUDA_DEVICE_ENV", "cuda_device_index", "cuda_unavailable_reason"]
+
+#: environment variable choosing the CUDA device index kbench uses (default 0)
+CUDA_DEVICE_ENV = "KBENCH_CUDA_DEVICE"
 
 
 def _torch():
@@ -195,3 +201,45 @@ def oom_as_memory_error(kernel):
                 raise MemoryError(str(exc)) from exc
             raise
     return run
+
+
+# --------------------------------------------------------------------------------------------
+# which GPU, and whether it is usable: one answer for the cuda device and every GPU backend
+# (kbench-cuda's device, the torch and Triton backends), so that plugins need not import each other
+
+
+def cuda_device_index() -> int:
+    """The CUDA device index kbench measures on (``KBENCH_CUDA_DEVICE``, default 0)."""
+    raw = os.environ.get(CUDA_DEVICE_ENV, "0").strip() or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
+
+
+def cuda_unavailable_reason(index: int | None = None) -> str | None:
+    """``None`` if CUDA device ``index`` (default: :func:`cuda_device_index`) is usable through CuPy,
+    else why not, in the runtime's words. CuPy is imported here, on the first call."""
+    return _cuda_unavailable_reason(cuda_device_index() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_unavailable_reason(index: int) -> str | None:
+    try:
+        import cupy as cp
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA library CuPy could not load
+        return f"cupy is not importable: {type(exc).__name__}: {exc}"
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: no driver, driver too old, no GPU
+        return f"CUDA runtime: {exc}"
+    if count == 0:
+        return "CUDA runtime: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"
+    if not 0 <= index < count:
+        return f"{CUDA_DEVICE_ENV}={index} but only {count} CUDA device(s) are visible"
+    try:
+        with cp.cuda.Device(index):
+            cp.zeros(1, dtype=cp.float32).sum().item()  # a real launch: catches a broken context early
+    except Exception as exc:  # noqa: BLE001
+        return f"CUDA device {index} is not usable: {type(exc).__name__}: {exc}"
+    return None

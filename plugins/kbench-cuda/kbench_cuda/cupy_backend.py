@@ -9,10 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from kbench.backends import Backend
-from kbench.enums import DType
-from kbench.ops import Case
-from kbench.ops.attention import softmax_scale
+from kbench.api import Backend, Case, DType, softmax_scale
 from kbench_cuda import runtime
 
 #: bytes of float32 score-sized temporaries one chunk may hold (scores, probabilities, mask result)

@@ -3,7 +3,7 @@
 bf16 lives on the GPU as ``uint16`` CuPy arrays holding the bfloat16 bit patterns (CuPy has no
 bfloat16 type): :meth:`CudaDevice.from_host` stores an ``ml_dtypes.bfloat16`` array's bits,
 :meth:`CudaDevice.to_host` views ``uint16`` results as ``ml_dtypes.bfloat16`` again, and
-``kbench_torch.interop.as_torch`` views them as ``torch.bfloat16`` without a copy. No op of kbench
+``kbench.api.as_torch`` views them as ``torch.bfloat16`` without a copy. No op of kbench
 has genuine uint16 data, so the convention is unambiguous.
 
 Timing of one sample (``before_sample`` then ``time_call``), in stream order:
@@ -36,8 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kbench.devices import Device
-from kbench.enums import DType
+from kbench.api import DType, Device
 from kbench_cuda import runtime
 from kbench_cuda.nvml import SampleLog, Telemetry, energy_summary
 

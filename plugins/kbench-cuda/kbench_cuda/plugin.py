@@ -7,7 +7,7 @@ the GPU, and CuPy/CUDA versions for the result files.
 from __future__ import annotations
 
 import kbench
-from kbench.kernelfile import Substrate
+from kbench.api import Substrate
 from kbench_cuda import runtime
 from kbench_cuda.cupy_backend import CupyAttention
 from kbench_cuda.device import CudaDevice
@@ -43,12 +43,12 @@ def kbench_register_kernel_substrates(registry):
 
 def gpu_profile(device, registry):
     """The registered profile matching the GPU's name, else one built from its properties (no peaks)."""
-    from kbench.hardware import HardwareProfile
+    from kbench.api import HardwareProfile
 
     props = device.properties()
     name = props["name"]
     try:
-        from kbench.hardware import match_profile
+        from kbench.api import match_profile
     except ImportError:  # an older core: match the profiles' `match` substrings here
         match_profile = _match_profile
     found = match_profile(registry, name)

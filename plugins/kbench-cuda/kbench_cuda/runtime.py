@@ -5,13 +5,20 @@ called and turns a missing library, driver or GPU into a reason string instead o
 """
 from __future__ import annotations
 
-import os
 import re
 from functools import lru_cache
 from typing import Any
 
-#: environment variable choosing the CUDA device index kbench uses (default 0)
+# which GPU, whether it is usable, and out-of-memory errors: the core's answers (kbench.devices.interop),
+# shared with the torch and Triton backends; re-exported under this module's historical names
+from kbench.api import (cuda_device_index as device_index, cuda_unavailable_reason as unavailable_reason,
+                        is_out_of_memory, oom_as_memory_error)
+
+#: environment variable choosing the CUDA device index kbench uses (default 0); read by device_index()
 DEVICE_ENV = "KBENCH_CUDA_DEVICE"
+
+__all__ = ["DEVICE_ENV", "BF16_STORAGE", "BF16_NAN_BITS", "device_index", "cupy", "unavailable_reason", "properties",
+           "gpu_name", "slug", "versions", "is_out_of_memory", "oom_as_memory_error"]
 
 #: kbench stores bf16 on the GPU as uint16 CuPy arrays (CuPy has no bfloat16); see docs/gpu.md
 BF16_STORAGE = "uint16"
@@ -19,47 +26,11 @@ BF16_STORAGE = "uint16"
 BF16_NAN_BITS = 0x7FC0
 
 
-def device_index() -> int:
-    """The CUDA device index kbench measures on (``KBENCH_CUDA_DEVICE``, default 0)."""
-    raw = os.environ.get(DEVICE_ENV, "0").strip() or "0"
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
-
-
 def cupy():
     """The ``cupy`` module (imported on first use)."""
     import cupy as cp
 
     return cp
-
-
-def unavailable_reason(index: int | None = None) -> str | None:
-    """``None`` if CUDA device ``index`` is usable through CuPy, else why not, in the runtime's words."""
-    return _unavailable_reason(device_index() if index is None else index)
-
-
-@lru_cache(maxsize=None)
-def _unavailable_reason(index: int) -> str | None:
-    try:
-        cp = cupy()
-    except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA library CuPy could not load
-        return f"cupy is not importable: {type(exc).__name__}: {exc}"
-    try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: no driver, driver too old, no GPU
-        return f"CUDA runtime: {exc}"
-    if count == 0:
-        return "CUDA runtime: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"
-    if not 0 <= index < count:
-        return f"{DEVICE_ENV}={index} but only {count} CUDA device(s) are visible"
-    try:
-        with cp.cuda.Device(index):
-            cp.zeros(1, dtype=cp.float32).sum().item()  # a real launch: catches a broken context early
-    except Exception as exc:  # noqa: BLE001
-        return f"CUDA device {index} is not usable: {type(exc).__name__}: {exc}"
-    return None
 
 
 @lru_cache(maxsize=None)
@@ -104,23 +75,3 @@ def versions() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - environment facts must never fail
             pass
     return out
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CuPy's and torch's out-of-memory errors (and cuBLAS/cuDNN alloc failures) by name and message."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    return "outofmemory" in type(exc).__name__.lower() or "out of memory" in text or "alloc_failed" in text
-
-
-def oom_as_memory_error(kernel):
-    """Wrap a kernel so a GPU out-of-memory error becomes ``MemoryError``: the record says "out of memory"."""
-    def run(**arrays):
-        try:
-            return kernel(**arrays)
-        except MemoryError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - only OOM is translated; the rest propagates unchanged
-            if is_out_of_memory(exc):
-                raise MemoryError(str(exc)) from exc
-            raise
-    return run

@@ -9,9 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kbench.backends import Tunable
-from kbench.errors import KbenchError
-from kbench.workers import KernelFileRef
+from kbench.api import KbenchError, KernelFileRef, Tunable
 
 from kbench_evolve import source as src
 from kbench_evolve.store import Version, list_lineages, workspace_root

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 
 WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), default=None,
                          help="Directory of lineages (default: $KBENCH_EVOLVE_DIR or ./evolve).")
@@ -65,7 +65,7 @@ def init_command(pm, name, seed, suite, workspace, device):
 
 def _measure_or_explain(evaluator, kernel, label):
     """One measurement; an environment that cannot measure is an error message, not a traceback."""
-    from kbench.errors import KbenchError
+    from kbench.api import KbenchError
     from kbench_evolve.fitness import EnvironmentFailure
 
     try:

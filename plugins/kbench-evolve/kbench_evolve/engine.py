@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 
 from kbench_evolve import source as src
 from kbench_evolve.fitness import EnvironmentFailure, Evaluator, Measurement, screen_verdict

@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kbench.enums import Status
-from kbench.suite import Suite, load_suite, suite_from_data
+from kbench.api import Status, Suite, load_suite, suite_from_data
 
 #: timing for a correctness-only run: every case is still executed and checked, barely timed
 CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.001,
@@ -214,8 +213,7 @@ class Evaluator:
 
     def _run_once(self, kernels: list[str], *, label: str, keyword: str | None,
                   check_only: bool) -> list[Measurement]:
-        from kbench.errors import KbenchError
-        from kbench.runner import RunRequest, plan_run, run_suite
+        from kbench.api import KbenchError, RunRequest, plan_run, run_suite
 
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         output = self.runs_dir / f"{stamp}-{label}.json"

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any, Callable
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 
 from kbench_evolve.engine import LLMUnavailable, ProviderRejected
 from kbench_evolve.store import append_jsonl, now_iso

@@ -50,7 +50,7 @@ def _fmt(x: float | None, unit: str, scale: float = 1.0) -> str:
 
 def hardware_text(ctx) -> str:
     """Device, hardware profile and its roofs, as the harness knows them."""
-    from kbench.runner import pick_device
+    from kbench.api import pick_device
 
     try:
         name = pick_device(ctx.pm, ctx.evaluator.device)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 
 
 def sha(text: str) -> str:

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kbench.errors import BadInput
-from kbench.results import atomic_write_json
+from kbench.api import BadInput, atomic_write_json
 
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from kbench.errors import KbenchError
+from kbench.api import KbenchError
 
 from kbench_evolve import source as src
 from kbench_evolve.llm import tool_schema

@@ -23,11 +23,9 @@ def torch_cuda_unavailable() -> str | None:
 
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
-    try:
-        from kbench_cuda.runtime import unavailable_reason
-    except ImportError:
-        return "the kbench-cuda plugin (the cuda device) is not installed"
-    reason = unavailable_reason()
+    from kbench.api import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()  # the core's answer, the one the cuda device gives too
     if reason:
         return reason
     if not torch.cuda.is_available():
@@ -38,17 +36,17 @@ def torch_cuda_unavailable() -> str | None:
 def cuda_capability() -> tuple[int, int]:
     import torch
 
-    from kbench_cuda.runtime import device_index
+    from kbench.api import cuda_device_index
 
-    return torch.cuda.get_device_capability(device_index())
+    return torch.cuda.get_device_capability(cuda_device_index())
 
 
 def torch_device():
     import torch
 
-    from kbench_cuda.runtime import device_index
+    from kbench.api import cuda_device_index
 
-    return torch.device("cuda", device_index())
+    return torch.device("cuda", cuda_device_index())
 
 
 def torch_info() -> dict:

@@ -17,13 +17,8 @@ import importlib.util
 from functools import lru_cache
 from typing import Any
 
-from kbench.backends import Backend
-from kbench.enums import DType
-from kbench.ops import Case
-from kbench.ops.attention import softmax_scale
-from kbench.unsupported import Unsupported
+from kbench.api import Backend, Case, DType, Unsupported, as_torch, softmax_scale, torch_dtype
 from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_device, torch_info
-from kbench_torch.interop import as_torch, torch_dtype
 
 
 @lru_cache(maxsize=None)
@@ -139,7 +134,7 @@ class CudnnFrontendSDPA(Backend):
         return graph, handle, (q, k, v, o), workspace
 
     def prepare(self, case: Case):
-        from kbench_cuda.runtime import oom_as_memory_error
+        from kbench.api import oom_as_memory_error
 
         graph, handle, (gq, gk, gv, go), workspace = self._build(case)
         dtype = case.dtype

@@ -16,13 +16,8 @@ import importlib
 import importlib.util
 from typing import Any
 
-from kbench.backends import Backend
-from kbench.enums import DType
-from kbench.ops import Case
-from kbench.ops.attention import softmax_scale
-from kbench.unsupported import Unsupported
+from kbench.api import Backend, Case, DType, Unsupported, as_torch, softmax_scale, to_device_array
 from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_info
-from kbench_torch.interop import as_torch, to_device_array
 
 
 class FlashAttention(Backend):
@@ -73,7 +68,7 @@ class FlashAttention(Backend):
         return None
 
     def prepare(self, case: Case):
-        from kbench_cuda.runtime import oom_as_memory_error
+        from kbench.api import oom_as_memory_error
 
         fn = self._import().flash_attn_func
         causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
@@ -89,8 +84,9 @@ class FlashAttention(Backend):
     def _probe(self, fn, case: Case) -> None:
         """One call on small zero tensors of the case's configuration: the library's refusal, if any."""
         import torch
+
+        from kbench.api import torch_dtype
         from kbench_torch.common import torch_device
-        from kbench_torch.interop import torch_dtype
 
         p = case.params
         rows_q, rows_kv = min(p["seqlen_q"], 128), min(p["seqlen_kv"], 128)

@@ -28,12 +28,8 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from kbench.backends import Backend, Tunable
-from kbench.enums import DType
-from kbench.ops import Case
-from kbench.ops.attention import softmax_scale
+from kbench.api import Backend, Case, DType, Tunable, as_torch, softmax_scale, to_device_array, torch_dtype
 from kbench_torch.common import torch_cuda_unavailable, torch_device, torch_info, torch_unavailable
-from kbench_torch.interop import as_torch, to_device_array, torch_dtype
 
 #: score-matrix bytes above which the materialising backends (cpu, math) decline a case
 MATERIALISE_LIMIT = 48 * 2**30
@@ -191,7 +187,7 @@ class TorchSDPACuda(Backend):
     def prepare(self, case: Case):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from kbench_cuda.runtime import oom_as_memory_error
+        from kbench.api import oom_as_memory_error
 
         backend = getattr(SDPBackend, self.impl)
         kind, scale, dtype = mask_kind(case), softmax_scale(case), case.dtype

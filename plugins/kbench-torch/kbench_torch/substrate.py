@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from kbench.kernelfile import Substrate
-from kbench.ops import Case
+from kbench.api import Case, Substrate
 
 #: torch-sdpa's default (kbench_torch.sdpa.TorchSDPA): one intra-op thread
 DEFAULT_THREADS = 1
@@ -44,7 +43,7 @@ class TorchCPUSubstrate(Substrate):
     def adapt(self, fn: Callable[..., Any], case: Case, kwargs: dict[str, Any]) -> Callable[..., Any]:
         import torch
 
-        from kbench_torch.interop import as_torch
+        from kbench.api import as_torch
 
         dtype = case.dtype
         threads = torch_threads()

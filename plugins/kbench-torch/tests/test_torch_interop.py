@@ -47,9 +47,9 @@ def test_torch_tensors_pass_through():
 
 @pytest.mark.gpu
 def test_cupy_views_share_memory():
-    from kbench_cuda.runtime import unavailable_reason
+    from kbench.api import cuda_unavailable_reason
 
-    reason = unavailable_reason()
+    reason = cuda_unavailable_reason()
     if reason or torch.version.cuda is None:
         pytest.skip(f"no CUDA GPU for CuPy and torch: {reason or 'CPU-only torch'}")
     import cupy

@@ -1,7 +1,7 @@
 """The ``triton`` backends and the ``triton`` kernel-file substrate.
 
 Both hand the harness's device arrays (CuPy on the ``cuda`` device; bf16 stored as uint16) to Triton
-as zero-copy torch views (``kbench_torch.interop.as_torch``); Triton launches on torch's current
+as zero-copy torch views (``kbench.api.as_torch``); Triton launches on torch's current
 stream, which is CuPy's default stream (the legacy null stream), so the harness's CUDA events bracket
 the kernel. The kernels: ``kbench_triton/seeds/triton_attention_seed.py`` (FlashAttention-2 algorithm, any
 GPU Triton supports) and ``kbench_triton/seeds/triton_hopper_seed.py`` (sm_90+: TMA tensor descriptors,
@@ -12,10 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from kbench.backends import Backend, Tunable
-from kbench.kernelfile import Substrate
-from kbench.ops import Case
-from kbench.ops.attention import softmax_scale
+from kbench.api import Backend, Case, Substrate, Tunable, softmax_scale
 
 from kbench_triton import runtime
 
@@ -45,7 +42,7 @@ def hopper_module():
 
 
 def _torch_views(arrays, dtype):
-    from kbench_torch.interop import as_torch
+    from kbench.api import as_torch
 
     return [as_torch(a, dtype) for a in arrays]
 
@@ -120,7 +117,8 @@ class TritonAutotunedAttention(TritonAttention):
 
     def prepare(self, case: Case):
         import torch
-        from kbench_torch.interop import torch_dtype
+
+        from kbench.api import torch_dtype
 
         run = super().prepare(case)
         p, dt = case.params, torch_dtype(case.dtype)
@@ -185,6 +183,6 @@ def _device_array(tensor, *, like):
         if host.dtype == torch.bfloat16:
             return host.view(torch.int16).numpy().view(like.dtype)
         return host.numpy()
-    from kbench_torch.interop import to_device_array
+    from kbench.api import to_device_array
 
     return to_device_array(tensor)

@@ -6,7 +6,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import click
 
-from kbench.tables import render
+from kbench.api import render_table as render
 
 
 def _compile_job(job):

@@ -30,10 +30,6 @@ def unavailable_reason() -> str | None:
         return f"torch {torch.__version__} is a build without CUDA (Triton launches through a CUDA torch)"
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
-    try:
-        from kbench_torch.interop import as_torch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"kbench-torch's interop is not importable: {type(exc).__name__}: {exc}"
     return None
 
 

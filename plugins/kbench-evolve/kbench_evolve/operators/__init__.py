@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kbench.errors import BadInput, PluginError
+from kbench.api import BadInput, PluginError
 
 if TYPE_CHECKING:
     from kbench_evolve.engine import VariationContext

@@ -434,6 +434,11 @@ def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None
     except MemoryError as exc:
         rec["status"], rec["reason"] = Status.ERROR.value, f"out of memory: {exc}".rstrip(": ")
         _end(channel, j)
+    except OSError as exc:  # the parent's side: the arena could not be made (file-size limit, no memory)
+        rec.update(status=Status.ERROR.value, cause="infrastructure",
+                   reason=f"the judge could not set up the case's shared-memory arena: {exc} (a file-size "
+                          f"or memory limit of this shell? `ulimit -f`/`ulimit -v`)")
+        _end(channel, j)
     finally:
         j.close()
     if rec.get("status") == Status.SKIPPED.value:

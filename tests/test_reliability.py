@@ -569,3 +569,21 @@ def record(backend="numpy"):
     return {"backend": backend, "op": "attention", "case_id": "attention[x]", "case": {"seqlen_q": 1},
             "device": "cpu", "status": "passed", "reason": None,
             "timing": {"samples": [1e-3, 2e-3], "stop_reason": "noise_target"}}
+
+
+def test_8_a_real_file_size_limit_too_small_for_the_arena_is_an_error_record_not_a_traceback(tmp_path):
+    # a shell's `ulimit -f` below one case's shared-memory arena: the judge cannot make the arena (EFBIG);
+    # the case becomes an error record naming the limit, the run finishes and the file is valid
+    out = tmp_path / "r.json"
+    limit = 64 * 1024  # bytes: the result file fits, the arena of the smoke case (inputs + outputs) does not
+
+    def small_fsize():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    res = kbench("run", "suites/smoke.yaml", "-b", "numpy", "-k", "sq=64 and noncausal and hkv=4 and fp32",
+                 "--no-progress", "--no-isolate", "-o", out, preexec_fn=small_fsize)
+    assert res.returncode == 1, res.stdout + res.stderr
+    clean(res)
+    (rec,) = load_result(out)["records"]
+    assert rec["status"] == "error" and "File too large" in rec["reason"] and "ulimit" in rec["reason"]
+    assert rec["cause"] == "infrastructure"

@@ -43,6 +43,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "Backend": ("kbench.backends", "Backend"),
     "Tunable": ("kbench.backends", "Tunable"),
     "Kernel": ("kbench.backends", "Kernel"),
+    "TrainingKernel": ("kbench.backends", "TrainingKernel"),
     "Device": ("kbench.devices", "Device"),
     "Op": ("kbench.ops", "Op"),
     "Case": ("kbench.ops", "Case"),
@@ -88,6 +89,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "plan_run": ("kbench.runner", "plan_run"),
     "run_suite": ("kbench.runner", "run_suite"),
     "pick_device": ("kbench.runner", "pick_device"),
+    "executors": ("kbench.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
     "render_table": ("kbench.tables", "render"),
@@ -116,7 +118,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from kbench import hookimpl
-    from kbench.backends import Backend, Kernel, Tunable
+    from kbench.backends import Backend, Kernel, TrainingKernel, Tunable
     from kbench.compare import geomean
     from kbench.devices import Device
     from kbench.devices.interop import (as_cupy, as_numpy, as_torch, cuda_device_index, cuda_unavailable_reason,

@@ -23,10 +23,11 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from kbench.backends import missing_feature
 from kbench.integrity import ThreadLeak, ThreadWatch, thread_counts
 from kbench.unsupported import Unsupported
 
@@ -60,22 +61,32 @@ def np_dtype(name: str) -> np.dtype:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each slot's inputs and output live in an arena (``slots`` equal slots one after another)."""
+    """Where each slot's inputs and outputs live in an arena (``slots`` equal slots one after another)."""
 
     slots: int
     inputs: tuple[ArrayLayout, ...]
-    output: ArrayLayout
+    outputs: tuple[ArrayLayout, ...]
     slot_bytes: int
 
     @classmethod
-    def plan(cls, inputs: dict[str, np.ndarray], out_shape: tuple[int, ...], out_dtype: np.dtype,
-             slots: int) -> Layout:
-        offset, arrays = 0, []
+    def plan(cls, inputs: dict[str, np.ndarray], out_shapes: Mapping[str, tuple[int, ...]] | tuple[int, ...],
+             out_dtype: np.dtype, slots: int) -> Layout:
+        """``out_shapes``: one shape (a single output named ``out``) or {name: shape} in call order."""
+        if not isinstance(out_shapes, Mapping):
+            out_shapes = {"out": tuple(out_shapes)}
+        offset, arrays, outputs = 0, [], []
         for name, arr in inputs.items():
             arrays.append(ArrayLayout(name, tuple(arr.shape), arr.dtype.name, offset))
             offset = _aligned(offset + arrays[-1].nbytes)
-        output = ArrayLayout("out", tuple(out_shape), np.dtype(out_dtype).name, offset)
-        return cls(slots, tuple(arrays), output, _aligned(offset + output.nbytes))
+        for name, shape in out_shapes.items():
+            outputs.append(ArrayLayout(name, tuple(shape), np.dtype(out_dtype).name, offset))
+            offset = _aligned(offset + outputs[-1].nbytes)
+        return cls(slots, tuple(arrays), tuple(outputs), offset)
+
+    @property
+    def output(self) -> ArrayLayout:
+        """The first output (the only one of a single-output op)."""
+        return self.outputs[0]
 
     @property
     def nbytes(self) -> int:
@@ -90,8 +101,12 @@ class Layout:
     def input_views(self, buf: Any, slot: int) -> dict[str, np.ndarray]:
         return {a.name: self.view(buf, slot, a) for a in self.inputs}
 
-    def output_view(self, buf: Any, slot: int) -> np.ndarray:
-        return self.view(buf, slot, self.output)
+    def output_view(self, buf: Any, slot: int, name: str | None = None) -> np.ndarray:
+        array = self.output if name is None else next(a for a in self.outputs if a.name == name)
+        return self.view(buf, slot, array)
+
+    def output_views(self, buf: Any, slot: int) -> dict[str, np.ndarray]:
+        return {a.name: self.view(buf, slot, a) for a in self.outputs}
 
 
 def anonymous_file(nbytes: int) -> int:
@@ -129,19 +144,31 @@ class CallRunner:
 
     # -- messages ------------------------------------------------------------------------------
 
-    def start(self, backend, case, layout: Layout, fd: int, forbidden_ops: tuple[str, ...] = ()) -> dict[str, Any]:
+    def start(self, backend, case, layout: Layout, fd: int, forbidden_ops: tuple[str, ...] = (),
+              required_features: tuple[str, ...] = (), backward_inputs: tuple[str, ...] = (),
+              out_dtype: str | None = None) -> dict[str, Any]:
         """Map the arena, ask the backend whether it runs this case, prepare its kernel."""
+        from kbench.enums import DType
+
         self.end()
         self.forbidden_ops = tuple(forbidden_ops)
-        self.layout, self.dtype = layout, case.dtype
+        self.backward_inputs = tuple(backward_inputs)
+        self.layout, self.dtype = layout, DType(out_dtype) if out_dtype else case.dtype
         self.map = mmap.mmap(fd, layout.nbytes)
         self.watch = ThreadWatch(self.check_threads)
-        for question in (backend.available, lambda: backend.supports(case)):
+        # features first: a backend is never asked about a case it declares it cannot run
+        for question in (backend.available, lambda: missing_feature(backend, required_features),
+                         lambda: backend.supports(case)):
             reason = question()
             if reason:
                 return {"skip": str(reason)}
         info = backend.info()
         self.kernel = backend.prepare(case)
+        if self.backward_inputs and not (callable(getattr(self.kernel, "forward", None))
+                                         and callable(getattr(self.kernel, "backward", None))):
+            raise TypeError(f"backend {backend.name!r} prepared a {type(self.kernel).__name__} for a split "
+                            f"(untimed forward, timed backward) case: it must have forward() and backward() "
+                            f"methods (kbench.api.TrainingKernel)")
         fault = self._harness_fault("while the kernel was prepared")
         return {"backend_info": info, "fault": fault}
 
@@ -157,10 +184,11 @@ class CallRunner:
         return {"telemetry": self.device.telemetry()}
 
     def batch(self, slots: list[int], kind: str) -> dict[str, Any]:
-        """Call the kernel once per slot, each into a fresh poisoned buffer, outputs copied to the arena.
+        """Call the kernel once per slot, each into fresh poisoned buffers, outputs copied to the arena.
 
         ``kind`` "empty" calls a function that does nothing through the same loop: the judge measures
-        the loop's own overhead with it.
+        the loop's own overhead with it. A split case (``backward_inputs``) calls ``forward`` untimed
+        before each timed ``backward`` (not for "empty": the loop's overhead is the same).
         """
         dev, layout = self.device, self.layout
         reply: dict[str, Any] = {"samples": [], "stamps": [], "fault": None}
@@ -171,7 +199,7 @@ class CallRunner:
                 # cache keyed by address hits and answers stale, which the judge's verification sees
                 if s not in self.buffers:
                     self.buffers[s] = ({k: dev.from_host(v) for k, v in layout.input_views(self.map, s).items()},
-                                       dev.poisoned(layout.output.shape, self.dtype))
+                                       {a.name: dev.poisoned(a.shape, self.dtype) for a in layout.outputs})
                 else:
                     for k, v in layout.input_views(self.map, s).items():
                         dev.write(self.buffers[s][0][k], v)
@@ -181,16 +209,11 @@ class CallRunner:
             answers = []
             watch = OpWatch(self.forbidden_ops) if kind in ("check", "warmup") else None
             for i, slot in enumerate(slots):
-                dev.repoison(outs[i])
-                dev.before_sample()
+                for buf in outs[i].values():
+                    dev.repoison(buf)
                 holder: list[Any] = []
-                if kind == "empty":
-                    fn = _nothing
-                else:
-                    kernel, dev_in, out = self.kernel, inputs[i], outs[i]
-
-                    def fn() -> None:
-                        holder.append(kernel(**dev_in, out=out))
+                fn = _nothing if kind == "empty" else self._call(inputs[i], outs[i], holder, watch)
+                dev.before_sample()
                 before = thread_counts()
                 start = time.perf_counter_ns()
                 if watch is not None:
@@ -204,16 +227,21 @@ class CallRunner:
                 reply["stamps"].append((start, stop))
                 # the same work after an empty call as after a kernel: the judge calibrates the loop with it
                 self._after_call(before)
-                answer = self._answer(holder[0] if holder else None, outs[i], inputs[i])
-                host = np.asarray(dev.to_host(answer))
-                self._store(layout.output_view(self.map, slot), host)
-                answers.append((answer, host.tobytes()))
+                answer = self._answers(holder[0] if holder else None, outs[i], inputs[i])
+                stored = {}
+                for name, arr in answer.items():
+                    host = np.asarray(dev.to_host(arr))
+                    self._store(layout.output_view(self.map, slot, name), host, name)
+                    stored[name] = host.tobytes()
+                answers.append((answer, stored))
             dev.synchronize()
             for i, (answer, stored) in enumerate(answers):
-                if np.asarray(dev.to_host(answer)).tobytes() != stored:
-                    raise Fault(f"the output changed after the kernel returned (call {i + 1} of a {kind} batch): "
-                                f"work was left running (a thread, a stream or lazy evaluation) and would not "
-                                f"be timed")
+                for name, arr in answer.items():
+                    if np.asarray(dev.to_host(arr)).tobytes() != stored[name]:
+                        which = "" if len(answer) == 1 else f" {name!r}"
+                        raise Fault(f"the output{which} changed after the kernel returned (call {i + 1} of a {kind} "
+                                    f"batch): work was left running (a thread, a stream or lazy evaluation) and "
+                                    f"would not be timed")
                 # compared with the arena, which the kernel is never given (a memcmp, not a hash)
                 for name, view in layout.input_views(self.map, slots[i]).items():
                     host = np.ascontiguousarray(dev.to_host(inputs[i][name]))
@@ -228,6 +256,30 @@ class CallRunner:
         reply["threads"] = list(self.watch.max_seen)
         return reply
 
+    def _call(self, dev_in: dict[str, Any], out: dict[str, Any], holder: list[Any], watch) -> Callable[[], None]:
+        """The timed function of one call; a split case runs its untimed forward here, before it."""
+        kernel = self.kernel
+        if not self.backward_inputs:
+            def fn() -> None:
+                holder.append(kernel(**dev_in, **out))
+            return fn
+        later = [dev_in[n] for n in self.backward_inputs]
+        first = [v for n, v in dev_in.items() if n not in self.backward_inputs]
+        before = thread_counts()
+        if watch is not None:
+            with watch:
+                saved = kernel.forward(*first)
+            watch.raise_if_seen()
+        else:
+            saved = kernel.forward(*first)
+        self.device.synchronize()
+        self._after_call(before)
+        buffers = list(out.values())
+
+        def fn() -> None:
+            holder.append(kernel.backward(saved, *later, *buffers))
+        return fn
+
     # -- facts ---------------------------------------------------------------------------------
 
     def _after_call(self, before: tuple[int, int]) -> None:
@@ -236,22 +288,37 @@ class CallRunner:
             raise ThreadLeak("work was still running on the device when the sample ended (extra streams?)")
         self.watch.after(before)
 
-    def _answer(self, result: Any, out: Any, inputs: dict[str, Any]) -> Any:
+    def _answers(self, result: Any, outs: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+        """name -> the array holding that output: the buffer, or what the kernel returned instead."""
+        if len(outs) > 1 and isinstance(result, Mapping):
+            unknown = sorted(set(result) - set(outs))
+            if unknown:
+                raise Fault(f"the kernel returned outputs {', '.join(map(repr, unknown))}; this case's outputs are "
+                            f"{', '.join(outs)}")
+            return {name: self._answer(result.get(name), buf, inputs, name) for name, buf in outs.items()}
+        if len(outs) > 1 and result is not None:
+            raise Fault(f"the kernel returned a {type(result).__name__}; a kernel with several outputs "
+                        f"({', '.join(outs)}) writes their buffers or returns a dict name -> array")
+        (name, buf), = outs.items()
+        return {name: self._answer(result, buf, inputs, name)}
+
+    def _answer(self, result: Any, out: Any, inputs: dict[str, Any], name: str = "out") -> Any:
         if result is not None and not isinstance(result, type(out)):
             raise Fault(f"the kernel returned a {type(result).__name__}, not a {type(out).__name__} like its output "
-                        f"buffer: results must be materialised before return (lazy results are not timed)")
+                        f"buffer {name!r}: results must be materialised before return (lazy results are not timed)")
         answer = out if result is None else result
-        for name, arr in inputs.items():
+        for in_name, arr in inputs.items():
             if self.device.is_same_memory(answer, arr):
-                raise Fault(f"output aliases input {name!r}: a kernel must write its own buffer")
+                raise Fault(f"output {name!r} aliases input {in_name!r}: a kernel must write its own buffer")
         return answer
 
-    def _store(self, view: np.ndarray, host: np.ndarray) -> None:
+    def _store(self, view: np.ndarray, host: np.ndarray, name: str = "out") -> None:
+        which = "output" if name == "out" else f"output {name!r}"
         if tuple(host.shape) != tuple(view.shape):
-            raise Fault(f"output shape {tuple(host.shape)} differs from expected {tuple(view.shape)}")
+            raise Fault(f"{which} shape {tuple(host.shape)} differs from expected {tuple(view.shape)}")
         if host.dtype != view.dtype:
-            raise Fault(f"output dtype {host.dtype} differs from the case dtype ({view.dtype}): precision must "
-                        f"not change")
+            raise Fault(f"{which} dtype {host.dtype} differs from the case's output dtype ({view.dtype}): "
+                        f"precision must not change")
         np.copyto(view, host)
 
     def _harness_fault(self, phase: str) -> str | None:
@@ -270,7 +337,8 @@ class CallRunner:
             if kind == "job":
                 _, payload = message
                 return "prepared", self.start(backend, payload["case"], payload["layout"], fd,
-                                              payload.get("forbidden_ops", ()))
+                                              payload.get("forbidden_ops", ()), payload.get("required_features", ()),
+                                              payload.get("backward_inputs", ()), payload.get("out_dtype"))
             if kind == "batch":
                 _, payload = message
                 return "batch", self.batch(list(payload["slots"]), payload["kind"])

@@ -110,50 +110,89 @@ def relative_l2(got: np.ndarray, ref: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def tolerance(ctx, case) -> float:
-    return float(ctx.check.tolerance.get(str(case.dtype), ctx.op.tolerance(case)))
+def tolerance(ctx, case, name: str = "out") -> float:
+    """The bound of output ``name``: the op's, or the suite's ``check.tolerance`` for the dtype.
+
+    A suite's bound replaces the forward output's; every other output's (a gradient's) is scaled by the
+    same factor, so one number tightens or loosens them all together.
+    """
+    op = ctx.op
+    own = float(op.output_tolerance(case, name))
+    override = ctx.check.tolerance.get(str(case.dtype))
+    if override is None:
+        return own
+    if name == "out":
+        return float(override)
+    return own * float(override) / float(op.output_tolerance(case, "out"))
 
 
-def trivial_errors(op, case, inputs: Mapping[str, np.ndarray], rows, ref: np.ndarray) -> dict[str, float]:
+def trivial_errors(op, case, inputs: Mapping[str, np.ndarray], rows, ref: np.ndarray,
+                   uniform: np.ndarray | None = None) -> dict[str, float]:
     """Errors of answers that need no attention at all: zeros, a constant, uniform weights over visible keys."""
     errors = {"zeros": relative_l2(np.zeros_like(ref), ref),
               "a constant (the reference's mean)": relative_l2(np.full_like(ref, ref.mean()), ref)}
-    if "q" in inputs:
-        # q = 0 makes every score equal: the reference is then the mean of the visible values per row
+    if uniform is None and "q" in inputs:
         uniform = op.reference(case, {**inputs, "q": np.zeros_like(inputs["q"])}, rows)
+    if uniform is not None:
+        # q = 0 makes every score equal: the reference is then the mean of the visible values per row
         errors["the mean of the visible values"] = relative_l2(uniform, ref)
     return errors
 
 
-def verify(ctx, case, inputs: Mapping[str, np.ndarray], output: np.ndarray, what: str,
+def finite_or_fail(outputs: Mapping[str, np.ndarray], what: str) -> None:
+    """NaN/Inf over every element of every output; the message names the output when there are several."""
+    for name, output in outputs.items():
+        wide = output.astype(np.float32) if output.dtype.itemsize < 4 else output
+        bad = int(np.count_nonzero(~np.isfinite(wide)))
+        if bad:
+            which = "output" if len(outputs) == 1 else f"{name!r} output"
+            raise CheckFailed(f"{bad} of {output.size} {which} elements are NaN/Inf (never written, or overflow) "
+                              f"on {what}")
+
+
+def verify(ctx, case, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | np.ndarray, what: str,
            rng: np.random.Generator, *, max_rows: int | None = None,
-           uniform: bool = True) -> tuple[float, int | None]:
-    """Judge one output (a copy taken from the arena): raises CheckFailed, returns (rel_l2, rows checked)."""
+           uniform: bool = True) -> tuple[float, int | None, dict[str, dict[str, float]]]:
+    """Judge every output (copies taken from the arena), each against its own bound.
+
+    Raises CheckFailed naming the output that fails; returns (the worst error relative to its bound's
+    scale, rows checked, {name: {"rel_l2", "bound"}}).
+    """
     op = ctx.op
-    wide = output.astype(np.float32) if output.dtype.itemsize < 4 else output
-    bad = int(np.count_nonzero(~np.isfinite(wide)))
-    if bad:
-        raise CheckFailed(f"{bad} of {output.size} output elements are NaN/Inf (never written, or overflow) on {what}")
-    rows = op.sample_rows(case, max_rows or ctx.check.max_rows, rng)  # picked now: the output already exists
-    ref = op.reference(case, inputs, rows)
-    got = op.select(case, output, rows).astype(np.float64)
-    err = relative_l2(got, ref)
-    bound = tolerance(ctx, case)
-    rows_checked = None if rows is None else int(len(rows))
-    if not err <= bound:
-        raise CheckFailed(f"relative L2 error {err:.3g} exceeds the {case.dtype} bound {bound:g} on {what}",
-                          {"rel_l2": err, "bound": bound, "rows_checked": rows_checked})
-    if float(np.ptp(ref)) > 0 and got.size and float(np.ptp(got)) == 0.0:
-        raise CheckFailed(f"output is constant ({float(got.ravel()[0]):g} everywhere) while the reference varies, "
-                          f"on {what}")
-    trivial = trivial_errors(op, case, inputs if uniform else {}, rows, ref)
-    name, best = min(trivial.items(), key=lambda kv: kv[1])
-    if best > 0 and err * TRIVIAL_MARGIN > best:
-        raise CheckFailed(f"output is not much closer to the reference than {name} (relative L2 {err:.3g} vs "
-                          f"{best:.3g}; an answer must be {TRIVIAL_MARGIN:g}x closer than every trivial predictor, "
-                          f"whatever the tolerance) on {what}",
-                          {"rel_l2": err, "bound": bound, "rows_checked": rows_checked, "trivial": trivial})
-    return err, rows_checked
+    if not isinstance(outputs, Mapping):
+        outputs = {"out": outputs}
+    finite_or_fail(outputs, what)
+    rows = op.sample_rows(case, max_rows or ctx.check.max_rows, rng)  # picked now: the outputs already exist
+    refs = op.reference_outputs(case, inputs, rows)
+    uniforms = (op.reference_outputs(case, {**inputs, "q": np.zeros_like(inputs["q"])}, rows)
+                if uniform and "q" in inputs else {})
+    rows_checked = op.rows_checked(rows)
+    several = len(outputs) > 1
+    report: dict[str, dict[str, float]] = {}
+    for name, output in outputs.items():
+        ref = refs[name]
+        got = op.select_output(case, name, output, rows).astype(np.float64)
+        err = relative_l2(got, ref)
+        bound = tolerance(ctx, case, name)
+        report[name] = {"rel_l2": err, "bound": bound}
+        prefix = f"{name}: " if several else ""
+        detail = {"rel_l2": err, "bound": bound, "rows_checked": rows_checked}
+        if several:
+            detail["output"] = name
+        if not err <= bound:
+            raise CheckFailed(f"{prefix}relative L2 error {err:.3g} exceeds the {case.dtype} bound {bound:g} on "
+                              f"{what}", detail)
+        if float(np.ptp(ref)) > 0 and got.size and float(np.ptp(got)) == 0.0:
+            raise CheckFailed(f"{prefix}output is constant ({float(got.ravel()[0]):g} everywhere) while the "
+                              f"reference varies, on {what}")
+        trivial = trivial_errors(op, case, {}, rows, ref, uniforms.get(name))
+        best_name, best = min(trivial.items(), key=lambda kv: kv[1])
+        if best > 0 and err * TRIVIAL_MARGIN > best:
+            raise CheckFailed(f"{prefix}output is not much closer to the reference than {best_name} (relative L2 "
+                              f"{err:.3g} vs {best:.3g}; an answer must be {TRIVIAL_MARGIN:g}x closer than every "
+                              f"trivial predictor, whatever the tolerance) on {what}", {**detail, "trivial": trivial})
+    worst = max(report, key=lambda n: report[n]["rel_l2"] / report[n]["bound"] if report[n]["bound"] else 0.0)
+    return report[worst]["rel_l2"], rows_checked, report
 
 
 def pool_slots(slot_bytes: int, at_least: int) -> int:
@@ -198,7 +237,8 @@ class Judge:
     def _batch(self, slots: list[int], kind: str) -> tuple[list[float], float]:
         """Samples of one batch and the parent's wall time of it; stamps checked against the parent's clock."""
         for s in slots:
-            self.layout.output_view(self.buf, s)[...] = np.nan
+            for view in self.layout.output_views(self.buf, s).values():
+                view[...] = np.nan
         start = time.perf_counter_ns()
         answer = self.channel.request(("batch", {"slots": slots, "kind": kind}), self._remaining())
         stop = time.perf_counter_ns()
@@ -225,21 +265,24 @@ class Judge:
         self.threads = reply.get("threads")
         return [float(t) for t in samples], (stop - start) * 1e-9
 
-    def _output(self, slot: int) -> np.ndarray:
-        return np.array(self.layout.output_view(self.buf, slot), copy=True)
+    def _outputs(self, slot: int) -> dict[str, np.ndarray]:
+        return {name: np.array(view, copy=True) for name, view in self.layout.output_views(self.buf, slot).items()}
 
     # -- the phases ----------------------------------------------------------------------------
 
     def run(self, rec: dict[str, Any]) -> dict[str, Any]:
         ctx, case, op = self.ctx, self.case, self.ctx.op
         checks = [self.source.make("check", i) for i in range(ctx.check.seeds)]
-        layout = Layout.plan(checks[0], op.output_shape(case), case.dtype.numpy, 1)
+        shapes, out_dtype = op.output_shapes(case), op.output_dtype(case)
+        layout = Layout.plan(checks[0], shapes, out_dtype.numpy, 1)
         slots = pool_slots(layout.slot_bytes, len(checks))
-        self.layout = layout = Layout.plan(checks[0], op.output_shape(case), case.dtype.numpy, slots)
+        self.layout = layout = Layout.plan(checks[0], shapes, out_dtype.numpy, slots)
         fd = anonymous_file(layout.nbytes)
         try:
             self.buf = mmap.mmap(fd, layout.nbytes)
-            job = {"case": case, "layout": layout, "forbidden_ops": () if self.trusted else forbidden_ops(ctx)}
+            job = {"case": case, "layout": layout, "forbidden_ops": () if self.trusted else forbidden_ops(ctx),
+                   "required_features": tuple(sorted(op.required_features(case))),
+                   "backward_inputs": tuple(op.backward_inputs(case)), "out_dtype": out_dtype.value}
             prepared = self._expect(self.channel.start(job, fd, self._remaining()), "prepared")
         finally:
             os.close(fd)
@@ -278,18 +321,26 @@ class Judge:
         for slot, inputs in zip(slots, checks):
             self._write(slot, inputs)
         durations, _ = self._batch(slots, "check")
-        errors, rows_checked = [], None
+        errors, rows_checked, per_output = [], None, {}
         for trial, slot in enumerate(slots):
             try:
-                err, rows_checked = verify(self.ctx, self.case, self.held[slot], self._output(slot),
-                                           f"trial {trial}", self.rng)
+                err, rows_checked, report = verify(self.ctx, self.case, self.held[slot], self._outputs(slot),
+                                                   f"trial {trial}", self.rng)
             except CheckFailed as exc:
                 if len(exc.args) > 1:
                     exc.args[1].update({"seeds": trial + 1, "per_seed": errors + [exc.args[1]["rel_l2"]]})
                 raise
             errors.append(err)
-        return {"rel_l2": max(errors), "bound": tolerance(self.ctx, self.case), "seeds": len(errors),
-                "rows_checked": rows_checked, "per_seed": errors, "call_seconds": durations}
+            for name, got in report.items():
+                if name not in per_output or got["rel_l2"] > per_output[name]["rel_l2"]:
+                    per_output[name] = got
+        record = {"rel_l2": max(errors), "bound": tolerance(self.ctx, self.case), "seeds": len(errors),
+                  "rows_checked": rows_checked, "per_seed": errors, "call_seconds": durations}
+        if len(per_output) > 1:  # each output's worst error over the seeds, with its own bound
+            record["outputs"] = per_output
+            worst = max(per_output, key=lambda n: per_output[n]["rel_l2"] / per_output[n]["bound"])
+            record.update(rel_l2=per_output[worst]["rel_l2"], bound=per_output[worst]["bound"], worst_output=worst)
+        return record
 
     def timing(self, check_seconds: list[float]) -> tuple[Timing, dict[str, Any]]:
         """Adaptive sampling in batches, every call on new content, accounted for by the parent's clock."""
@@ -352,19 +403,18 @@ class Judge:
             self.counter += 1
         got, wall = self._batch(slots, "timed")
         for i, slot in enumerate(slots):  # NaN/Inf over every element of every timed output
-            out = self.layout.output_view(self.buf, slot)
-            wide = out.astype(np.float32) if out.dtype.itemsize < 4 else out
-            if not np.isfinite(wide).all():
+            try:
+                finite_or_fail(self.layout.output_views(self.buf, slot), f"timed call {self.counter - n + i + 1}")
+            except CheckFailed as exc:
                 raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
-                                  f"garbage results when timed): {int(np.count_nonzero(~np.isfinite(wide)))} of "
-                                  f"{out.size} output elements are NaN/Inf on timed call {self.counter - n + i + 1}")
+                                  f"garbage results when timed): {exc.args[0].replace(' (never written, or overflow)', '')}") from None
         # verified after the reply: the first call (its slot served the correctness check: a cache keyed
         # by address answers it stale), the last, and one the runner could not know in advance
         for slot in sorted({slots[0], slots[n - 1], slots[int(self.rng.integers(n))]}):
             try:
                 # fewer rows (still picked after the fact) and no uniform-attention reference: the
                 # correctness trials did the full check; these catch answers that change when timed
-                verify(self.ctx, self.case, self.held[slot], self._output(slot), "a timed call", self.rng,
+                verify(self.ctx, self.case, self.held[slot], self._outputs(slot), "a timed call", self.rng,
                        max_rows=min(self.ctx.check.max_rows, TIMED_ROWS), uniform=False)
             except CheckFailed as exc:
                 raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "

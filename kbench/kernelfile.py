@@ -10,6 +10,14 @@ with the signature ``attention(q, k, v, out, *, causal, scale, **tunables)``; it
 ``TUNABLES``   ``{name: {"default": value, "choices": [values...]}}``, knobs that do not change the
                result; the evolve plugin's ``mutate`` operator perturbs them
 ``NAME``       backend name (default ``file:<stem>``)
+``FEATURES``   what it implements beyond a plain forward, e.g. ``["bwd", "fwd_bwd", "window", "softcap"]``;
+               a case needing a feature not listed is skipped with the reason (docs/backward.md)
+
+A backward (``FEATURES`` with "bwd" / "fwd_bwd") is two more functions, named after the op:
+``attention_forward(q, k, v, *, causal, scale, ...) -> saved`` (untimed in mode bwd) and
+``attention_backward(saved, do, out, dq, dk, dv, *, causal, scale, ...)`` (timed; writes the forward
+output and the three gradients, or returns a dict name -> array). Mode fwd_bwd times both as one call,
+or ``attention_fwd_bwd(q, k, v, do, out, dq, dk, dv, *, ...)`` when the file defines it.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kbench.backends import Backend, Tunable
+from kbench.backends import Backend, TrainingKernel, Tunable
 from kbench.errors import BadInput
 from kbench.ops import Case
 
@@ -35,10 +43,30 @@ class Substrate:
         return None
 
     def adapt(self, fn: Callable[..., Any], case: Case, kwargs: dict[str, Any]) -> Callable[..., Any]:
-        """Wrap the file's function into a backend kernel ``run(**inputs, out=out)``."""
-        def run(out, **inputs):
-            return fn(*inputs.values(), out, **kwargs)
+        """Wrap the file's function into a backend kernel ``run(**inputs, out=out)``.
+
+        The arrays reach ``fn`` positionally in the order the runner names them: the inputs, then the
+        outputs (``out``, and ``dq``, ``dk``, ``dv`` for a backward).
+        """
+        def run(**arrays):
+            return fn(*arrays.values(), **kwargs)
         return run
+
+    def adapt_training(self, forward: Callable[..., Any], backward: Callable[..., Any], case: Case,
+                       kwargs: dict[str, Any]) -> TrainingKernel:
+        """Wrap a file's forward and backward into a :class:`kbench.api.TrainingKernel` (arrays as given)."""
+        return _FileTraining(forward, backward, kwargs)
+
+
+class _FileTraining(TrainingKernel):
+    def __init__(self, forward, backward, kwargs) -> None:
+        self._forward, self._backward, self.kwargs = forward, backward, kwargs
+
+    def forward(self, *inputs):
+        return self._forward(*inputs, **self.kwargs)
+
+    def backward(self, saved, *arrays):
+        return self._backward(saved, *arrays, **self.kwargs)
 
 
 class NumpySubstrate(Substrate):
@@ -98,6 +126,7 @@ class KernelFileBackend(Backend):
         if not callable(self.fn):
             raise BadInput(f"kernel file defines no function {self.op!r}", file=str(path),
                            fix=f"define `def {self.op}(q, k, v, out, *, causal, scale, **tunables)`")
+        self.features = _features(getattr(module, "FEATURES", ()), path)
         self.tunables = {k: _tunable(k, v, path) for k, v in dict(getattr(module, "TUNABLES", {})).items()}
         settings = dict(settings or {})
         unknown = set(settings) - set(self.tunables)
@@ -115,11 +144,30 @@ class KernelFileBackend(Backend):
 
     def prepare(self, case: Case):
         kwargs = {**self._op.kernel_kwargs(case), **self.settings}
-        return self.substrate.adapt(self.fn, case, kwargs)
+        if len(self._op.output_names(case)) == 1:
+            return self.substrate.adapt(self.fn, case, kwargs)
+        module, name = self.source.module, self.op
+        whole = getattr(module, f"{name}_fwd_bwd", None)
+        if callable(whole) and not self._op.backward_inputs(case):
+            return self.substrate.adapt(whole, case, kwargs)
+        forward, backward = getattr(module, f"{name}_forward", None), getattr(module, f"{name}_backward", None)
+        if not (callable(forward) and callable(backward)):
+            raise BadInput(f"kernel file declares a backward (FEATURES) but defines no {name}_forward and "
+                           f"{name}_backward", file=self.source_path,
+                           fix=f"define `def {name}_forward(q, k, v, *, causal, scale) -> saved` and "
+                               f"`def {name}_backward(saved, do, out, dq, dk, dv, *, causal, scale)`")
+        return self.substrate.adapt_training(forward, backward, case, kwargs)
 
     def info(self) -> dict[str, Any]:
         return {"kernel_file": self.source_path, "sha256": self.source.sha256, "substrate": self.substrate.name,
                 "tunables": dict(self.settings)}
+
+
+def _features(spec: Any, path) -> frozenset[str]:
+    if isinstance(spec, (list, tuple, set, frozenset)) and all(isinstance(f, str) and f for f in spec):
+        return frozenset(spec)
+    raise BadInput(f"FEATURES must be a list of feature names, got {spec!r}", file=str(path),
+                   fix='FEATURES = ["bwd", "fwd_bwd", "window", "softcap"]')
 
 
 def _tunable(name: str, spec: Any, path) -> Tunable:

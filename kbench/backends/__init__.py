@@ -23,6 +23,31 @@ from kbench.selection import format_settings, format_value
 Kernel = Callable[..., Any]
 
 
+class TrainingKernel(ABC):
+    """What ``prepare`` returns for a backward case: ``forward`` untimed, ``backward`` timed (mode bwd).
+
+    ``forward(q, k, v) -> saved`` never sees the output gradient, so it cannot compute gradients ahead
+    of time; ``backward(saved, do, out, dq, dk, dv)`` writes the forward output (from ``saved``) and
+    the gradients into the poisoned buffers, or returns a dict name -> array. Calling the object runs
+    both, timed as one (mode fwd_bwd): ``kernel(q=, k=, v=, do=, out=, dq=, dk=, dv=)``.
+    """
+
+    @abstractmethod
+    def forward(self, *inputs: Any) -> Any:
+        """The untimed forward: whatever the backward needs (the output, the log-sum-exp, ...)."""
+
+    @abstractmethod
+    def backward(self, saved: Any, *arrays: Any) -> Any:
+        """The timed backward: the backward-only inputs, then the output buffers, in the op's order."""
+
+    #: how many leading arrays of a whole call go to ``forward`` (the rest: backward inputs and outputs)
+    forward_arity: int = 3
+
+    def __call__(self, **arrays: Any) -> Any:
+        values = list(arrays.values())
+        return self.backward(self.forward(*values[:self.forward_arity]), *values[self.forward_arity:])
+
+
 @dataclass(frozen=True)
 class Tunable:
     """A knob of a kernel that does not change its result (block size, warps, stages).
@@ -80,6 +105,9 @@ class Backend(ABC):
     #: untrusted backends (evolved or third-party kernels) run only in isolated workers
     trusted: bool = True
     tunables: Mapping[str, Tunable] = {}
+    #: what this backend implements beyond an op's plain forward ("bwd", "fwd_bwd", "window", "softcap", "fp8",
+    #: "paged"...); a case needing a feature it lacks (``Op.required_features``) is skipped before supports()
+    features: frozenset[str] = frozenset()
     #: values set explicitly (by the constructor or :meth:`configure`); defaults are not repeated here
     settings: Mapping[str, Any] = {}
     #: source file of the kernel, when there is one (for static integrity checks and lineage)
@@ -178,6 +206,15 @@ class Backend(ABC):
 
 # --------------------------------------------------------------------------------------------
 # the answers of plugin methods, checked where they are produced
+
+
+def missing_feature(backend: Backend, required) -> str | None:
+    """The skip reason when ``backend`` lacks one of the ``required`` features, else None."""
+    have = frozenset(getattr(backend, "features", ()) or ())
+    missing = sorted(set(required) - have)
+    if not missing:
+        return None
+    return f"does not implement {missing[0]} (implements: {', '.join(sorted(have)) or 'forward only'})"
 
 
 def _who(backend: Backend) -> str:

@@ -167,3 +167,45 @@ class Op(ABC):
 
     def tolerance(self, case: Case) -> float:
         return case.dtype.default_tolerance
+
+    # -- several outputs, features, split calls (docs/backward.md) --------------------------------
+
+    def output_names(self, case: Case) -> tuple[str, ...]:
+        """The named outputs a backend writes, in call order (``("out", "dq", "dk", "dv")`` for a backward)."""
+        return ("out",)
+
+    def output_shapes(self, case: Case) -> dict[str, tuple[int, ...]]:
+        """Shape of every output by name; an op with more than one output overrides this."""
+        return {"out": tuple(self.output_shape(case))}
+
+    def output_dtype(self, case: Case) -> DType:
+        """The dtype of every output buffer (the case's dtype, except e.g. fp8 attention writes bf16)."""
+        return case.dtype
+
+    def required_features(self, case: Case) -> frozenset[str]:
+        """Features (``Backend.features``) a backend must declare to run ``case``; it is skipped otherwise."""
+        return frozenset()
+
+    def backward_inputs(self, case: Case) -> tuple[str, ...]:
+        """Inputs only the timed second half of a split call sees (``("do",)`` for attention's mode bwd).
+
+        Non-empty: the prepared kernel is an object whose ``forward(*other inputs) -> saved`` runs untimed
+        before every timed ``backward(saved, *these inputs, *outputs)``.
+        """
+        return ()
+
+    def reference_outputs(self, case: Case, inputs: Mapping[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
+        """float64 reference of every output on ``rows``; the default is :meth:`reference` as ``out``."""
+        return {"out": self.reference(case, inputs, rows)}
+
+    def select_output(self, case: Case, name: str, output: np.ndarray, rows: Any) -> np.ndarray:
+        """The part of output ``name`` that ``reference_outputs(..., rows)[name]`` describes."""
+        return self.select(case, output, rows)
+
+    def output_tolerance(self, case: Case, name: str) -> float:
+        """Bound on the relative L2 error of output ``name`` (gradients have their own)."""
+        return self.tolerance(case)
+
+    def rows_checked(self, rows: Any) -> int | None:
+        """How many rows a sample from :meth:`sample_rows` checks (recorded); None when all."""
+        return None if rows is None else int(len(rows))

@@ -7,8 +7,16 @@ kbench's convention, so no adaptation happens inside the timed call.
 
 The libraries check a call's shapes, types and GPU themselves (head sizes a build was not compiled
 for, GQA ratios, architectures) and raise. ``prepare`` makes one call on small zero tensors with the
-case's head counts, head_dim, dtype and masking: a refusal there becomes
-:class:`kbench.unsupported.Unsupported` with the library's message (a skip), before any checked call.
+case's head counts, head_dim, dtype and masking (and a backward for the training modes): a refusal
+there becomes :class:`kbench.unsupported.Unsupported` with the library's message (a skip), before any
+checked call. A release too old for a keyword (``window_size`` before FA 2.3, ``softcap`` before 2.6)
+raises ``TypeError`` there, which is the same kind of refusal.
+
+Issue 16: both implement ``mode: bwd`` / ``fwd_bwd`` through autograd (``flash_attn_func`` is an
+autograd function; :mod:`kbench_torch.training`), ``window: [left, right]`` as ``window_size=(left,
+right)`` (the same bottom-right convention as kbench's) and ``softcap`` as ``softcap=``. FlashAttention 3
+also takes ``dtype: fp8_e4m3`` in the forward: inputs in float8_e4m3fn with per-tensor descales passed as
+``q_descale``/``k_descale``/``v_descale`` tensors of shape (batch, heads_kv), output in bf16.
 """
 from __future__ import annotations
 
@@ -17,7 +25,8 @@ import importlib.util
 from typing import Any
 
 from kbench.api import Backend, Case, DType, Unsupported, as_torch, softmax_scale, to_device_array
-from kbench_torch.common import cuda_capability, torch_cuda_unavailable, torch_info
+from kbench_torch.common import (case_mode, case_softcap, case_window, cuda_capability, fp8_descales, is_fp8,
+                                 torch_cuda_unavailable, torch_info, training_features)
 
 
 class FlashAttention(Backend):
@@ -25,8 +34,11 @@ class FlashAttention(Backend):
     device = "cuda"
 
     def __init__(self, name: str, module: str, title: str, *, min_capability: tuple[int, int],
-                 max_capability: tuple[int, int] | None, install: str, min_version: str | None = None) -> None:
+                 max_capability: tuple[int, int] | None, install: str, min_version: str | None = None,
+                 fp8: bool = False) -> None:
         self.name, self.module, self.title = name, module, title
+        self.fp8 = fp8
+        self.features = training_features("window", "softcap", *(("fp8",) if fp8 else ()))
         self.min_capability, self.max_capability = min_capability, max_capability
         self.install, self.min_version = install, min_version
         self.description = f"{title} through `{module}.flash_attn_func`, bottom-right causal, native GQA"
@@ -58,8 +70,11 @@ class FlashAttention(Backend):
         return None
 
     def supports(self, case: Case) -> str | None:
-        if case.dtype not in (DType.FP16, DType.BF16):
-            return f"{self.title} takes fp16/bf16 only"
+        if is_fp8(case) and self.fp8:
+            if case_mode(case) != "fwd":
+                return f"{self.title}'s FP8 path is forward only (no FP8 backward)"
+        elif case.dtype not in (DType.FP16, DType.BF16):
+            return f"{self.title} takes fp16/bf16{' (and fp8_e4m3 forward)' if self.fp8 else ''} only"
         d = case["head_dim"]
         if d > 256:
             return f"{self.title} takes head_dim <= 256"
@@ -67,18 +82,45 @@ class FlashAttention(Backend):
             return f"{self.title} needs head_dim a multiple of 8 (got {d})"
         return None
 
+    def call_kwargs(self, case: Case, *, batch: int | None = None) -> dict[str, Any]:
+        """Keywords of ``flash_attn_func`` for ``case``; only what the case sets beyond scale and causal.
+
+        ``batch``: the batch size of the FP8 descale tensors (default the case's).
+        """
+        kw: dict[str, Any] = {"softmax_scale": softmax_scale(case), "causal": case["causal"]}
+        window = case_window(case)
+        if window is not None:
+            kw["window_size"] = window  # flash-attn's (left, right), -1 unbounded: kbench's own convention
+        if case_softcap(case):
+            kw["softcap"] = case_softcap(case)
+        if is_fp8(case):
+            import torch
+
+            from kbench_torch.common import torch_device
+
+            shape = (case["batch"] if batch is None else batch, case["heads_kv"])
+            for name, value in zip(("q_descale", "k_descale", "v_descale"), fp8_descales(case)):
+                kw[name] = torch.full(shape, value, dtype=torch.float32, device=torch_device())
+        return kw
+
     def prepare(self, case: Case):
         from kbench.api import oom_as_memory_error
 
         fn = self._import().flash_attn_func
-        causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
+        kw, dtype = self.call_kwargs(case), case.dtype
         self._probe(fn, case)
 
+        def attend(q, k, v):
+            o = fn(q, k, v, **kw)
+            return o[0] if isinstance(o, tuple) else o  # some FA3 releases return (out, softmax_lse)
+
+        if case_mode(case) != "fwd":
+            from kbench_torch.training import AutogradAttention
+
+            return AutogradAttention(attend, dtype)
+
         def run(q, k, v, out):
-            o = fn(as_torch(q, dtype), as_torch(k, dtype), as_torch(v, dtype), softmax_scale=scale, causal=causal)
-            if isinstance(o, tuple):  # some FA3 releases return (out, softmax_lse)
-                o = o[0]
-            return to_device_array(o)
+            return to_device_array(attend(*(as_torch(x, dtype) for x in (q, k, v))))
         return oom_as_memory_error(run)
 
     def _probe(self, fn, case: Case) -> None:
@@ -93,12 +135,17 @@ class FlashAttention(Backend):
         if p["seqlen_q"] > p["seqlen_kv"]:  # keep the relation the mask depends on
             rows_q = max(rows_q, rows_kv + 1)
         kw = dict(device=torch_device(), dtype=torch_dtype(case.dtype))
-        q = torch.zeros(1, rows_q, p["heads_q"], p["head_dim"], **kw)
-        k = torch.zeros(1, rows_kv, p["heads_kv"], p["head_dim"], **kw)
+        train = case_mode(case) != "fwd"
+        q = torch.zeros(1, rows_q, p["heads_q"], p["head_dim"], **kw).requires_grad_(train)
+        k = torch.zeros(1, rows_kv, p["heads_kv"], p["head_dim"], **kw).requires_grad_(train)
+        v = torch.zeros_like(k).requires_grad_(train)
         try:
-            fn(q, k, torch.zeros_like(k), softmax_scale=softmax_scale(case), causal=p["causal"])
+            o = fn(q, k, v, **self.call_kwargs(case, batch=1))
+            o = o[0] if isinstance(o, tuple) else o
+            if train:
+                torch.autograd.grad(o, (q, k, v), grad_outputs=torch.ones_like(o))
             torch.cuda.synchronize()
-        except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+        except (RuntimeError, ValueError, NotImplementedError, AssertionError, TypeError) as exc:
             if "out of memory" in str(exc).lower():
                 raise
             raise Unsupported(self.title, f"{type(exc).__name__}: {exc}") from exc
@@ -121,5 +168,5 @@ def flash_backends() -> list[FlashAttention]:
         FlashAttention("flash-attn", "flash_attn", "FlashAttention 2", min_capability=(8, 0), max_capability=None,
                        install="pip install flash-attn --no-build-isolation", min_version="2.1"),
         FlashAttention("flash-attn3", "flash_attn_interface", "FlashAttention 3", min_capability=(9, 0),
-                       max_capability=(9, 0), install="build `hopper/` of the flash-attention repository"),
+                       max_capability=(9, 0), install="build `hopper/` of the flash-attention repository", fp8=True),
     ]

@@ -317,3 +317,43 @@ def test_gpu_backward_matches_float64(kbench_pm, name, case_name, dtype, mode):
         got = outs[n].float().cpu().numpy()
         assert np.isfinite(got).all(), f"{name} {n}: NaN left (poison)"
         assert rel_l2(got, ref) < 2e-2, f"{name} {n}: rel L2 {rel_l2(got, ref):.3g}"
+
+
+# -- through kbench's own judge (the attention op's gradient reference and per-output bounds) ----------
+
+JUDGED = [
+    dict(seqlen=24, heads_q=4, heads_kv=2, head_dim=16, causal=True, mode="bwd"),
+    dict(seqlen_q=20, seqlen_kv=9, heads=2, head_dim=16, causal=True, mode="fwd_bwd", window=[3, 0]),
+    dict(seqlen_q=12, seqlen_kv=30, heads_q=3, heads_kv=1, head_dim=16, causal=True, mode="fwd_bwd"),
+    dict(seqlen=16, heads=2, head_dim=16, mode="bwd", window=[4, 2], dtype="bf16"),
+]
+
+
+@pytest.mark.parametrize("params", JUDGED, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_torch_sdpa_training_passes_the_judge(kbench_case, kbench_check, params):
+    case = kbench_case(**params)
+    rec = kbench_check(TorchSDPA(), case)
+    assert rec["status"] == "passed", rec.get("reason")
+    outputs = rec["correctness"]["outputs"]
+    assert set(outputs) == {"out", "dq", "dk", "dv"}
+    assert all(o["rel_l2"] <= o["bound"] for o in outputs.values())
+
+
+class DetachedKeys(TorchSDPA):
+    """A wrong backward: K enters the scores detached, so dK is 0 while out, dQ and dV stay right."""
+
+    name = "torch-sdpa-wrong-dk"
+
+    def prepare(self, case):
+        from kbench_torch.sdpa import bshd_attention
+        from kbench_torch.training import AutogradAttention
+
+        attend = bshd_attention(case)
+        wrong = lambda q, k, v: attend(q, k.detach() + 0.0 * k, v)  # noqa: E731 - k in the graph, dK = 0
+        return AutogradAttention(wrong, case.dtype, compute=torch.float32)
+
+
+def test_a_wrong_dk_fails_with_the_gradient_named(kbench_case, kbench_check):
+    rec = kbench_check(DetachedKeys(), kbench_case(**JUDGED[0]))
+    assert rec["status"] == "failed", rec.get("reason")
+    assert rec["reason"].startswith("dk"), rec["reason"]

@@ -1,4 +1,9 @@
-"""Default plugin: NumPy decode attention on the CPU (split-KV online softmax, as in flash-decoding)."""
+"""Default plugin: NumPy decode attention on the CPU (split-KV online softmax, as in flash-decoding).
+
+Contiguous and paged caches (see :mod:`kbench.ops.decode`): a paged cache is walked the same way,
+each block of ``block_kv`` tokens gathered from its pages through the block table (a block holds
+whole pages), so the whole logical cache is never materialised.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,16 +14,40 @@ from kbench.ops import Case
 from kbench.ops.attention import softmax_scale
 
 
-def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
+def cache_blocks(k, v, bi: int, block_kv: int, block_table=None, page_size: int = 0, seqlen_kv: int = 0):
+    """``(k0, k1, k_block, v_block)`` over sequence ``bi``'s cache, blocks of (n, heads_kv, head_dim).
+
+    Contiguous: views of ``k[bi, k0:k1]``. Paged (``block_table`` given): ``k`` and ``v`` are the page
+    pools; a block is ``max(1, block_kv // page_size)`` whole pages gathered through the block table,
+    cut at ``seqlen_kv`` (the rows past it in the last page are not part of the sequence).
+    """
+    if block_table is None:
+        sk = k.shape[1]
+        for k0 in range(0, sk, block_kv):
+            k1 = min(k0 + block_kv, sk)
+            yield k0, k1, k[bi, k0:k1], v[bi, k0:k1]
+        return
+    per_block = max(1, block_kv // page_size)
+    pages = np.asarray(block_table[bi])
+    for p0 in range(0, len(pages), per_block):
+        k0, k1 = p0 * page_size, min((p0 + per_block) * page_size, seqlen_kv)
+        ids = pages[p0:p0 + per_block]
+        yield (k0, k1, k[ids].reshape(-1, *k.shape[2:])[:k1 - k0], v[ids].reshape(-1, *v.shape[2:])[:k1 - k0])
+
+
+def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192, block_table=None, page_size: int = 0,
+                 seqlen_kv: int = 0) -> None:
     """Walk the cache in blocks of ``block_kv`` keys with a running max, denominator and accumulator.
 
     All query heads sharing a KV head, and all query tokens, form one (group*sq, d) matrix, so each
     block of K and V is read from memory once per KV head, by 2-D GEMMs on strided views of the cache
     (BLAS takes the row stride; no copy for float32). Only the last ``sq`` keys can be masked (query
     row i sees keys j <= sk - sq + i); blocks before them need no mask. Compute in float32.
+    A paged cache (``block_table``, ``page_size``, ``seqlen_kv``) is read through :func:`cache_blocks`.
     """
     b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
+    sk = k.shape[1] if block_table is None else seqlen_kv
+    hkv = k.shape[2]
     g = hq // hkv
     offset = sk - sq
     # (b, hkv, g*sq, d), rows ordered (head in group, token)
@@ -34,11 +63,10 @@ def decode_numpy(q, k, v, out, *, scale: float, block_kv: int = 8192) -> None:
         m = np.full((hkv, rows, 1), -np.inf, dtype=np.float32)
         l = np.zeros_like(m)
         acc = np.zeros((hkv, rows, v.shape[-1]), dtype=np.float32)
-        for k0 in range(0, sk, block_kv):
-            k1 = min(k0 + block_kv, sk)
+        for k0, k1, kraw, vraw in cache_blocks(k, v, bi, block_kv, block_table, page_size, seqlen_kv):
             # one contiguous conversion per block for all heads (bf16/fp16 -> fp32; a view for fp32)
-            kblk = k[bi, k0:k1].astype(np.float32, copy=False)             # (n, hkv, d)
-            vblk = v[bi, k0:k1].astype(np.float32, copy=False)
+            kblk = kraw.astype(np.float32, copy=False)                     # (n, hkv, d)
+            vblk = vraw.astype(np.float32, copy=False)
             visible = None
             if k1 - 1 > offset:  # the block reaches the new tokens: mask the future of each row
                 visible = np.arange(k0, k1)[None, :] <= (token + offset)[:, None]
@@ -60,11 +88,19 @@ class NumpyDecode(Backend):
     name = "numpy-decode"
     op = "decode_attention"
     device = "cpu"
-    description = "NumPy split-KV decode (online softmax over cache blocks), float32 compute"
+    description = "NumPy split-KV decode (online softmax over cache blocks), float32 compute; contiguous or paged cache"
     tunables = {"block_kv": Tunable(8192, (1024, 2048, 4096, 8192, 16384, 32768, 65536), "cache tokens per block")}
+    features = frozenset({"paged"})
 
     def prepare(self, case: Case):
         scale, block = softmax_scale(case), self.setting("block_kv")
+        if case["page_size"]:
+            page, sk = case["page_size"], case["seqlen_kv"]
+
+            def run_paged(q, k_pages, v_pages, block_table, out):
+                decode_numpy(q, k_pages, v_pages, out, scale=scale, block_kv=block, block_table=block_table,
+                             page_size=page, seqlen_kv=sk)
+            return run_paged
 
         def run(q, k, v, out):
             decode_numpy(q, k, v, out, scale=scale, block_kv=block)

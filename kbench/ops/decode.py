@@ -9,6 +9,20 @@ tokens this way). With one query token the mask is empty.
 Decode reads the whole cache once for a handful of queries: its intensity is about
 ``2 * seqlen_q * heads_q / heads_kv / itemsize`` FLOP/byte, far below any ridge point, so it is
 reported in GB/s and as a fraction of memory bandwidth.
+
+Paged cache (``page_size > 0``, the layout of vLLM's PagedAttention, Kwon et al., SOSP 2023, as
+taken by flash-attn's ``flash_attn_with_kvcache(block_table=...)`` and FlashInfer's NHD paged KV):
+the inputs are ``q``, ``k_pages`` and ``v_pages`` ``(num_pages, page_size, heads_kv, head_dim)`` and
+``block_table`` int32 ``(batch, pages_per_seq)``: token ``t`` of sequence ``b`` is row ``t % page_size``
+of page ``block_table[b, t // page_size]``. Every sequence is ``seqlen_kv`` long, so
+``pages_per_seq = ceil(seqlen_kv / page_size)`` and the rows past ``seqlen_kv`` in a sequence's last
+page are not part of it. The pool holds ``pool_factor`` times the pages the batch uses; the block
+table is a seeded permutation of the pool (new for every input set: a kernel cannot key a cache on
+it). Pages outside the batch hold negated copies of pages inside it (as large, but wrong), and the
+rows past ``seqlen_kv`` random values: a kernel that reads the pool in order, or whole last pages,
+gets a wrong answer. Kernels receive ``page_size`` and ``seqlen_kv`` besides ``scale`` (the block table
+alone says only ``ceil(seqlen_kv / page_size)``). Bytes count what a kernel must
+touch: the batch's pages (whole pages) and the block table, not the pool.
 """
 from __future__ import annotations
 
@@ -20,6 +34,8 @@ from kbench.ops import Case, CaseError, Op, Param
 from kbench.ops.attention import AttentionOp, attention_float64, softmax_scale
 
 MAX_QUERY_TOKENS = 16
+#: default size of a paged cache's pool, in multiples of the pages the batch uses
+POOL_FACTOR = 2
 _ATTENTION_PARAMS = {p.name: p for p in AttentionOp.parameters}
 
 
@@ -31,10 +47,16 @@ class DecodeAttentionOp(Op):
         _ATTENTION_PARAMS["batch"],
         Param("seqlen_q", int, 1, minimum=1, short="sq", help=f"new query tokens, 1..{MAX_QUERY_TOKENS}"),
         *(_ATTENTION_PARAMS[n] for n in ("seqlen_kv", "heads_q", "heads_kv", "head_dim", "dtype")),
+        Param("page_size", int, 0, minimum=0, short="page",
+              help="tokens per page of a paged KV cache; 0 = one contiguous cache per sequence"),
+        Param("pool_factor", int, POOL_FACTOR, minimum=1, short="pool",
+              help="a paged cache's pool holds this many times the pages the batch uses"),
     )
     aliases = {"heads": ("heads_q", "heads_kv")}
     default_from = {"heads_kv": "heads_q"}  # MHA unless heads_kv is given
     input_names = ("q", "k", "v")
+    #: the inputs of a paged case (``page_size > 0``)
+    paged_input_names = ("q", "k_pages", "v_pages", "block_table")
 
     def validate(self, params: Mapping[str, Any]) -> None:
         if params["seqlen_q"] > MAX_QUERY_TOKENS:
@@ -45,25 +67,67 @@ class DecodeAttentionOp(Op):
                             "the new tokens too")
         if params["heads_q"] % params["heads_kv"]:
             raise CaseError(f"heads_q={params['heads_q']} is not a multiple of heads_kv={params['heads_kv']}")
+        if not params["page_size"] and params["pool_factor"] != POOL_FACTOR:
+            raise CaseError(f"pool_factor={params['pool_factor']} without a paged cache: set page_size > 0 "
+                            "(or drop pool_factor)")
 
     def case_id(self, params: Mapping[str, Any]) -> str:
         p = params
         return (f"decode_attention[b={p['batch']},sq={p['seqlen_q']},sk={p['seqlen_kv']},hq={p['heads_q']},"
-                f"hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}]")
+                f"hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}{_paging(p)}]")
 
     def group_key(self, case: Case) -> str:
         p = case.params
-        return f"sq={p['seqlen_q']},hq={p['heads_q']},hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}"
+        return f"sq={p['seqlen_q']},hq={p['heads_q']},hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}{_paging(p)}"
+
+    def required_features(self, case: Case) -> frozenset[str]:
+        return frozenset({"paged"}) if case["page_size"] else frozenset()
+
+    # -- paged layout ----------------------------------------------------------------------------
+
+    @staticmethod
+    def pages_per_seq(case: Case) -> int:
+        return -(-case["seqlen_kv"] // case["page_size"])
+
+    def num_pages(self, case: Case) -> int:
+        """Pages in the pool: ``pool_factor`` times the ``batch * pages_per_seq`` the batch uses."""
+        return case["pool_factor"] * case["batch"] * self.pages_per_seq(case)
 
     def make_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
         p = case.params
         rng = np.random.default_rng(seed)
         dt = case.dtype.numpy
         q_shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"])
+        if p["page_size"]:
+            return self._paged_inputs(case, rng, rng.standard_normal(q_shape, dtype=np.float32).astype(dt))
         kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
         return {"q": rng.standard_normal(q_shape, dtype=np.float32).astype(dt),
                 "k": rng.standard_normal(kv_shape, dtype=np.float32).astype(dt),
                 "v": rng.standard_normal(kv_shape, dtype=np.float32).astype(dt)}
+
+    def _paged_inputs(self, case: Case, rng: np.random.Generator, q: np.ndarray) -> dict[str, np.ndarray]:
+        p, dt = case.params, case.dtype.numpy
+        used, total = p["batch"] * self.pages_per_seq(case), self.num_pages(case)
+        perm = rng.permutation(total)
+        table, spare = perm[:used], perm[used:]
+        out = {"q": q}
+        for name in ("k_pages", "v_pages"):
+            pool = np.empty((total, p["page_size"], p["heads_kv"], p["head_dim"]), dtype=dt)
+            # the batch's pages in logical order (sequence, page), written where the table points
+            pool[table] = rng.standard_normal(pool[:used].shape, dtype=np.float32).astype(dt)
+            # the rest of the pool: negated copies of the batch's pages (cheaper than drawing them)
+            if len(spare):
+                pool[spare] = -pool[np.resize(table, len(spare))]
+            out[name] = pool
+        out["block_table"] = table.reshape(p["batch"], -1).astype(np.int32)
+        return out
+
+    def gather_pages(self, case: Case, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The logical contiguous cache ``(batch, seqlen_kv, heads_kv, head_dim)`` k and v of a paged case."""
+        table, sk = inputs["block_table"], case["seqlen_kv"]
+        b = table.shape[0]
+        return tuple(inputs[n][table].reshape(b, -1, *inputs[n].shape[2:])[:, :sk]
+                     for n in ("k_pages", "v_pages"))
 
     def output_shape(self, case: Case) -> tuple[int, ...]:
         p = case.params
@@ -71,9 +135,12 @@ class DecodeAttentionOp(Op):
 
     def reference(self, case: Case, inputs: Mapping[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
         # at most 16 query rows: always checked whole
-        return attention_float64(inputs["q"], inputs["k"], inputs["v"], causal=True, scale=softmax_scale(case))
+        k, v = self.gather_pages(case, inputs) if case["page_size"] else (inputs["k"], inputs["v"])
+        return attention_float64(inputs["q"], k, v, causal=True, scale=softmax_scale(case))
 
     def kernel_kwargs(self, case: Case) -> dict[str, Any]:
+        if case["page_size"]:
+            return {"scale": softmax_scale(case), "page_size": case["page_size"], "seqlen_kv": case["seqlen_kv"]}
         return {"scale": softmax_scale(case)}
 
     def visible_keys(self, case: Case) -> int:
@@ -87,8 +154,36 @@ class DecodeAttentionOp(Op):
         return 4.0 * p["batch"] * p["heads_q"] * p["head_dim"] * self.visible_keys(case)
 
     def min_bytes(self, case: Case) -> float:
-        """Q read and O written once, the whole K and V cache read once (heads_kv heads)."""
+        """Q read and O written once, the whole K and V cache read once (heads_kv heads).
+
+        Paged: the batch's pages, whole (a page is the unit a paged kernel loads), and the block
+        table (int32); the rest of the pool is never touched.
+        """
         p = case.params
-        qo = 2 * p["batch"] * p["seqlen_q"] * p["heads_q"] * p["head_dim"]
-        kv = 2 * p["batch"] * p["seqlen_kv"] * p["heads_kv"] * p["head_dim"]
-        return float((qo + kv) * case.dtype.itemsize)
+        if not p["page_size"]:
+            kv = 2 * p["batch"] * p["seqlen_kv"] * p["heads_kv"] * p["head_dim"] * case.dtype.itemsize
+            return float(self._qo_bytes(case) + kv)
+        return float(self._paged_bytes(case, p["batch"] * self.pages_per_seq(case)))
+
+    def footprint(self, case: Case) -> float:
+        """Resident bytes: for a paged case the whole pool, not just the pages the batch reads."""
+        if not case["page_size"]:
+            return self.min_bytes(case)
+        return float(self._paged_bytes(case, self.num_pages(case)))
+
+    def _qo_bytes(self, case: Case) -> int:
+        p = case.params
+        return 2 * p["batch"] * p["seqlen_q"] * p["heads_q"] * p["head_dim"] * case.dtype.itemsize
+
+    def _paged_bytes(self, case: Case, pages: int) -> int:
+        """Q and O, ``pages`` pages of K and V, and the block table (int32)."""
+        p = case.params
+        kv = 2 * pages * p["page_size"] * p["heads_kv"] * p["head_dim"] * case.dtype.itemsize
+        return self._qo_bytes(case) + kv + 4 * p["batch"] * self.pages_per_seq(case)
+
+
+def _paging(p: Mapping[str, Any]) -> str:
+    """The case-id suffix of a paged cache (empty for a contiguous one: its ids are unchanged)."""
+    if not p["page_size"]:
+        return ""
+    return f",page={p['page_size']}" + (f",pool={p['pool_factor']}" if p["pool_factor"] != POOL_FACTOR else "")

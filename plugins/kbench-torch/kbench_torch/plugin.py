@@ -9,6 +9,7 @@ from __future__ import annotations
 import kbench
 from kbench_torch.cudnn_backend import CudnnFrontendSDPA
 from kbench_torch.flash import flash_backends
+from kbench_torch.paged import decode_backends
 from kbench_torch.sdpa import TorchSDPA, cuda_backends
 from kbench_torch.substrate import TorchCPUSubstrate
 
@@ -21,6 +22,8 @@ def kbench_register_backends(registry):
     for backend in flash_backends():
         registry.add_backend(backend)
     registry.add_backend(CudnnFrontendSDPA())
+    for backend in decode_backends():  # decode_attention, contiguous and paged caches (kbench_torch.paged)
+        registry.add_backend(backend)
 
 
 @kbench.hookimpl

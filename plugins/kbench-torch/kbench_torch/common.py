@@ -124,3 +124,19 @@ def fp8_descales(case) -> tuple[float, float, float]:
 
     kwargs = get_plugin_manager().registry.op(case.op).kernel_kwargs(case)
     return float(kwargs["descale_q"]), float(kwargs["descale_k"]), float(kwargs["descale_v"])
+
+
+def as_torch_case(array, dtype):
+    """``kbench.api.as_torch``, plus fp8: a ``torch.float8_e4m3fn`` view of one-byte storage (a NumPy
+    ``ml_dtypes.float8_e4m3fn`` array, or a CuPy/torch ``uint8`` array, as a device without float8 holds it)."""
+    from kbench.api import as_torch
+
+    if str(dtype) != FP8:
+        return as_torch(array, dtype)
+    import numpy as np
+    import torch
+
+    if isinstance(array, np.ndarray):
+        array = array.view(np.uint8)
+    t = as_torch(array)
+    return t if t.dtype == torch.float8_e4m3fn else t.view(torch.float8_e4m3fn)

@@ -36,8 +36,8 @@ from functools import lru_cache
 from typing import Any
 
 from kbench.api import Backend, Case, DType, TrainingKernel, Unsupported, as_torch, softmax_scale, torch_dtype
-from kbench_torch.common import (case_mode, case_window, cuda_capability, fp8_descales, is_fp8, torch_cuda_unavailable,
-                                 torch_device, torch_info, training_features)
+from kbench_torch.common import (as_torch_case, case_mode, case_window, cuda_capability, fp8_descales, is_fp8,
+                                 torch_cuda_unavailable, torch_device, torch_info, training_features)
 
 #: e4m3's largest finite value: the scale that maps softmax probabilities (<= 1) onto its range
 FP8_MAX = 448.0
@@ -304,8 +304,8 @@ class CudnnFrontendSDPA(Backend):
 
         def run(q, k, v, out):
             o = as_torch(out, DType.BF16)
-            io = {gq: as_torch(q, dtype).transpose(1, 2), gk: as_torch(k, dtype).transpose(1, 2),
-                  gv: as_torch(v, dtype).transpose(1, 2), go: o.transpose(1, 2) if o8 is None else o8}
+            io = {gq: as_torch_case(q, dtype).transpose(1, 2), gk: as_torch_case(k, dtype).transpose(1, 2),
+                  gv: as_torch_case(v, dtype).transpose(1, 2), go: o.transpose(1, 2) if o8 is None else o8}
             graph.execute({**pack, **io}, workspace, handle=handle)
             if o8 is not None:  # real O = stored / scale_o
                 o.copy_(o8.transpose(1, 2).to(torch.float32) * (1.0 / scale_o))

@@ -24,9 +24,9 @@ import importlib
 import importlib.util
 from typing import Any
 
-from kbench.api import Backend, Case, DType, Unsupported, as_torch, softmax_scale, to_device_array
-from kbench_torch.common import (case_mode, case_softcap, case_window, cuda_capability, fp8_descales, is_fp8,
-                                 torch_cuda_unavailable, torch_info, training_features)
+from kbench.api import Backend, Case, DType, Unsupported, softmax_scale, to_device_array
+from kbench_torch.common import (as_torch_case, case_mode, case_softcap, case_window, cuda_capability, fp8_descales,
+                                 is_fp8, torch_cuda_unavailable, torch_info, training_features)
 
 
 class FlashAttention(Backend):
@@ -120,7 +120,7 @@ class FlashAttention(Backend):
             return AutogradAttention(attend, dtype)
 
         def run(q, k, v, out):
-            return to_device_array(attend(*(as_torch(x, dtype) for x in (q, k, v))))
+            return to_device_array(attend(*(as_torch_case(x, dtype) for x in (q, k, v))))
         return oom_as_memory_error(run)
 
     def _probe(self, fn, case: Case) -> None:

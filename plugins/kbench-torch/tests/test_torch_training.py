@@ -357,3 +357,20 @@ def test_a_wrong_dk_fails_with_the_gradient_named(kbench_case, kbench_check):
     rec = kbench_check(DetachedKeys(), kbench_case(**JUDGED[0]))
     assert rec["status"] == "failed", rec.get("reason")
     assert rec["reason"].startswith("dk"), rec["reason"]
+
+
+def test_fp8_inputs_reach_torch_as_float8_views():
+    """What the FP8 backends hand the libraries: float8_e4m3fn tensors on the same bytes, same values."""
+    import ml_dtypes
+
+    from kbench_torch.common import as_torch_case
+
+    x = (np.random.default_rng(0).standard_normal((2, 5, 3, 8)) * 40).astype(ml_dtypes.float8_e4m3fn)
+    t = as_torch_case(x, "fp8_e4m3")
+    assert t.dtype == torch.float8_e4m3fn and tuple(t.shape) == x.shape
+    assert np.array_equal(t.float().numpy(), x.astype(np.float32))
+    x[0, 0, 0, 0] = 1.0  # shares memory: a write to the array is seen by the tensor
+    assert float(t[0, 0, 0, 0]) == 1.0
+    raw = torch.from_numpy(x.view(np.uint8))  # a device without float8 holds the bytes as uint8
+    assert torch.equal(as_torch_case(raw, "fp8_e4m3").float(), t.float())
+    assert as_torch_case(np.ones(3, np.float32), "fp32").dtype == torch.float32

@@ -77,18 +77,19 @@ def band(*, causal: bool, window: tuple[int, int] | None) -> dict[str, int | boo
     return out
 
 
-def mask_kwargs(cudnn, *, causal: bool, window: tuple[int, int] | None) -> dict[str, Any]:
-    """Keywords of ``graph.sdpa`` / ``sdpa_backward`` / ``sdpa_fp8`` for :func:`band`."""
+def mask_kwargs(cudnn, *, causal: bool, window: tuple[int, int] | None, fp8: bool = False) -> dict[str, Any]:
+    """Keywords of ``graph.sdpa`` / ``sdpa_backward`` (``diagonal_band_left_bound``/``_right_bound``) or
+    ``sdpa_fp8`` (whose binding names them ``left_bound``/``right_bound``) for :func:`band`."""
     b = band(causal=causal, window=window)
     if b.get("bottom_right_causal"):
         return {"use_causal_mask_bottom_right": True}
     if not b:
         return {}
+    prefix = "" if fp8 else "diagonal_band_"
     kw: dict[str, Any] = {"diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT}
-    if "left_bound" in b:
-        kw["diagonal_band_left_bound"] = b["left_bound"]
-    if "right_bound" in b:
-        kw["diagonal_band_right_bound"] = b["right_bound"]
+    for side in ("left_bound", "right_bound"):
+        if side in b:
+            kw[prefix + side] = b[side]
     return kw
 
 
@@ -192,7 +193,7 @@ class CudnnFrontendSDPA(Backend):
                              compute_data_type=cudnn.data_type.FLOAT, handle=_handle())
 
     def _mask(self, cudnn, case: Case) -> dict[str, Any]:
-        return mask_kwargs(cudnn, causal=case["causal"], window=case_window(case))
+        return mask_kwargs(cudnn, causal=case["causal"], window=case_window(case), fp8=is_fp8(case))
 
     def _build(self, case: Case, *, stats: bool = False):
         """The forward graph; with ``stats`` it also writes the softmax stats (float32 (b, h, sq, 1))."""

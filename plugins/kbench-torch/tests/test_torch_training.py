@@ -230,6 +230,9 @@ def test_cudnn_band_keywords():
         "diagonal_alignment": "BR", "diagonal_band_left_bound": 128, "diagonal_band_right_bound": 0}
     assert mask_kwargs(fake, causal=False, window=(-1, 3)) == {"diagonal_alignment": "BR",
                                                               "diagonal_band_right_bound": 3}
+    # sdpa_fp8's binding names the bounds without the prefix
+    assert mask_kwargs(fake, causal=False, window=(4, 3), fp8=True) == {"diagonal_alignment": "BR",
+                                                                       "left_bound": 5, "right_bound": 3}
 
 
 def test_cudnn_declares_and_refuses():

@@ -2,13 +2,67 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 import click
 
+from kbench.errors import BadInput
 from kbench.tables import FORMATS, render
 
 DEFAULT_CONTEXTS = ("8192", "131072", "1000000")
+
+# -- option parsing (kbench plan uses these too) ---------------------------------------------------
+
+_SUFFIX = {"k": 10**3, "m": 10**6, "ki": 2**10, "mi": 2**20}
+#: longest context --context accepts (10^12 tokens: far beyond any model, still exact in a float)
+MAX_CONTEXT = 10**12
+
+
+def parse_context(text: str) -> int:
+    """``1000000``, ``1_000_000``, ``128k`` (x1000), ``1M`` (x10^6), ``128Ki`` (x1024), ``1Mi`` (x2^20)."""
+    raw = text.strip().replace("_", "").replace(",", "")
+    low = raw.lower()
+    for suffix in ("ki", "mi", "k", "m"):
+        if low.endswith(suffix):
+            try:
+                value = float(low[: -len(suffix)]) * _SUFFIX[suffix]
+            except ValueError:
+                break
+            # 1e400k is inf, and 1e30k is no context length: refuse both instead of overflowing below
+            if math.isfinite(value) and 1 <= value <= MAX_CONTEXT and value == int(value):
+                return int(value)
+            break
+    else:
+        if raw.isdigit() and len(raw) <= 16 and 1 <= int(raw) <= MAX_CONTEXT:
+            return int(raw)
+    raise BadInput(f"bad context length {text!r}", where="--context",
+                   fix=f"give a positive integer of tokens up to {MAX_CONTEXT:,}, e.g. 1000000, 128k (x1000), "
+                       "1M (x10^6), 128Ki (x1024)")
+
+
+def split_names(values: Iterable[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def pick(names: Sequence[str], known: Mapping[str, Any], what: str, option: str) -> list[Any]:
+    out = []
+    for name in names:
+        key = name.lower()
+        if key not in known:
+            raise BadInput(f"unknown {what} {name!r}", where=option, fix=f"use one of: {', '.join(sorted(known))}")
+        out.append(known[key])
+    return out
+
+
+def check_dtype(value: str, option: str) -> str:
+    """A precision of weights or KV cache the analysis knows (kbench.roofline.DTYPE_BYTES)."""
+    from kbench.roofline.analysis import DTYPE_BYTES
+
+    if value not in DTYPE_BYTES:
+        raise BadInput(f"unknown precision {value!r}", where=option, fix=f"use one of: {', '.join(DTYPE_BYTES)}")
+    return value
 
 
 @click.command("roofline")
@@ -36,10 +90,9 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
     (model, context, hardware). Nothing is run: the figures come from the model shapes and the
     hardware profiles. Formulas and a worked example: docs/roofline.md.
     """
-    from kbench.errors import BadInput
     from kbench.hardware import load_profiles
-    from kbench.roofline import (TABLE_HEADERS, analyze_all, builtin_models, check_dtype, load_models, parse_context,
-                                 pick, plot_footprint, plot_quadrants, split_names, table_rows)
+    from kbench.report.capacity import plot_footprint, plot_quadrants
+    from kbench.roofline import TABLE_HEADERS, analyze_all, builtin_models, load_models, table_rows
 
     from kbench.outputs import check_output_dir, output_error
 

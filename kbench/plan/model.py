@@ -13,6 +13,7 @@ from kbench.plan.inputs import Interconnect, Workload
 from kbench.plan.measured import MeasuredRates
 from kbench.roofline import (DTYPE_BYTES, ModelConfig, attention_flops_per_pair, kv_bytes_per_token, param_count,
                              weights_touched)
+from kbench.roofline.analysis import peak_names
 
 #: tensor-parallel degrees tried per instance (one server of 8 GPUs at most; CPUs run one instance per machine)
 TP_DEGREES = (1, 2, 4, 8)
@@ -60,7 +61,7 @@ class DeviceModel:
         self.params = param_count(model)
         self.weight_bytes = self.params.total * DTYPE_BYTES[assume.weights]
         self.kv_per_token = kv_bytes_per_token(model, assume.kv)
-        names = ("tf32", "fp32") if assume.weights == "fp32" else (assume.weights,)
+        names = peak_names(assume.weights)
         peak = next((hw.peak(n) for n in names if hw.peak(n)), None)
         if peak:
             self.compute = Rate(peak * assume.compute_efficiency, "roofline",

@@ -24,6 +24,7 @@ import numpy as np
 
 from kbench.enums import Status
 from kbench.errors import BadInput
+from kbench.record import Record, records_of
 
 
 class Change(str, Enum):
@@ -140,12 +141,9 @@ def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, 
 
 # -- two runs -------------------------------------------------------------------------------------
 
-def _samples(rec: Mapping[str, Any] | None) -> list[float]:
-    return list(((rec or {}).get("timing") or {}).get("samples") or [])
-
-
-def _passed(rec: Mapping[str, Any] | None) -> bool:
-    return rec is not None and rec.get("status") == Status.PASSED.value and len(_samples(rec)) >= 2
+def _passed(rec: Record | None) -> bool:
+    """Passed with at least two samples: what a ratio test needs."""
+    return rec is not None and rec.passed and len(rec.samples) >= 2
 
 
 @dataclass
@@ -154,8 +152,8 @@ class Pair:
 
     case_id: str
     backend: str
-    base: dict[str, Any] | None
-    new: dict[str, Any] | None
+    base: Record | None
+    new: Record | None
     change: Change = Change.INCOMPARABLE
     test: RatioTest | None = None
     note: str = ""
@@ -167,46 +165,42 @@ class Pair:
     def to_json(self) -> dict[str, Any]:
         t = self.test
         return {"case_id": self.case_id, "backend": self.backend, "change": self.change.value,
-                "mark": self.change.mark, "base_status": (self.base or {}).get("status"),
-                "new_status": (self.new or {}).get("status"), "base_median": median_of(self.base),
+                "mark": self.change.mark, "base_status": self.base and self.base.status.value,
+                "new_status": self.new and self.new.status.value, "base_median": median_of(self.base),
                 "new_median": median_of(self.new), "ratio": t and t.ratio, "ci_low": t and t.ci_low,
                 "ci_high": t and t.ci_high, "p_value": t and t.p_value, "noise": t and t.noise,
                 "min_ratio": t and t.min_ratio, "note": self.note}
 
 
-def median_of(rec: Mapping[str, Any] | None) -> float | None:
-    samples = _samples(rec)
+def median_of(rec: Record | None) -> float | None:
+    """Median of the raw samples (of pooled runs too, whose summary statistics are per run)."""
+    samples = rec.samples if rec is not None else []
     return float(np.median(samples)) if samples else None
 
 
 def both_skipped(pair: Pair) -> bool:
     """Skipped in both runs (e.g. a GPU backend on a CPU machine): nothing to say per case."""
     return (pair.base is not None and pair.new is not None
-            and pair.base["status"] == pair.new["status"] == Status.SKIPPED.value)
+            and pair.base.status is pair.new.status is Status.SKIPPED)
 
 
 def compare_pair(pair: Pair, settings: Settings) -> Pair:
     base_ok, new_ok = _passed(pair.base), _passed(pair.new)
     if base_ok and new_ok:
-        pair.test = ratio_test(_samples(pair.base), _samples(pair.new), settings)
+        pair.test = ratio_test(pair.base.samples, pair.new.samples, settings)
         pair.change, pair.note = classify(pair.test, settings)
-    elif base_ok and pair.new is not None and pair.new["status"] != Status.SKIPPED.value:
-        pair.change, pair.note = Change.FAILING, _status_text(pair.new)
-    elif new_ok and pair.base is not None and pair.base["status"] != Status.SKIPPED.value:
-        pair.change, pair.note = Change.FIXED, f"was {_status_text(pair.base)}"
+    elif base_ok and pair.new is not None and pair.new.status is not Status.SKIPPED:
+        pair.change, pair.note = Change.FAILING, pair.new.status_text
+    elif new_ok and pair.base is not None and pair.base.status is not Status.SKIPPED:
+        pair.change, pair.note = Change.FIXED, f"was {pair.base.status_text}"
     else:
         pair.change = Change.INCOMPARABLE
         if pair.base is None or pair.new is None:
             pair.note = "only in " + ("the new run" if pair.base is None else "the base run")
         else:
-            pair.note = "; ".join(f"{side}: {_status_text(r)}" for side, r in (("base", pair.base), ("new", pair.new))
+            pair.note = "; ".join(f"{side}: {r.status_text}" for side, r in (("base", pair.base), ("new", pair.new))
                                   if not _passed(r))
     return pair
-
-
-def _status_text(rec: Mapping[str, Any]) -> str:
-    reason = rec.get("reason") or ""
-    return f"{rec['status']}: {reason}" if reason else str(rec["status"])
 
 
 def machine_mismatch(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -241,28 +235,24 @@ def pool_runs(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     exceed it to be a verdict. A record that did not pass in any run stands for that pair.
     """
     if len(results) == 1:
-        return dict(results[0])
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
+        return {**results[0], "records": records_of(results[0])}
+    merged: dict[tuple[str, str], Record] = {}
     for data in results:
-        for rec in data["records"]:
-            key = (rec["case_id"], rec["backend"])
-            have = merged.get(key)
-            if have is None:
-                merged[key] = {**rec, "timing": dict(rec["timing"]) if rec.get("timing") else rec.get("timing")}
-            elif have["status"] == Status.PASSED.value and rec["status"] != Status.PASSED.value:
-                merged[key] = dict(rec)
-            elif have["status"] == rec["status"] == Status.PASSED.value:
-                have["timing"]["samples"] = list(have["timing"]["samples"]) + list(_samples(rec))
+        for rec in records_of(data):
+            have = merged.get(rec.key)
+            if have is None or (have.passed and not rec.passed):
+                merged[rec.key] = rec
+            elif have.passed and rec.passed:
+                merged[rec.key] = have.with_samples(have.samples + rec.samples)
     return {**results[0], "records": list(merged.values()), "pooled": [d.get("id") for d in results]}
 
 
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Settings = Settings()) -> list[Pair]:
     """Match records by (case id, backend), in the base run's order then the new run's extras."""
-    new_by_key = {(r["case_id"], r["backend"]): r for r in new["records"]}
+    new_by_key = {r.key: r for r in records_of(new)}
     pairs: dict[tuple[str, str], Pair] = {}
-    for rec in base["records"]:
-        key = (rec["case_id"], rec["backend"])
-        pairs[key] = Pair(*key, base=rec, new=new_by_key.get(key))
+    for rec in records_of(base):
+        pairs[rec.key] = Pair(*rec.key, base=rec, new=new_by_key.get(rec.key))
     for key, rec in new_by_key.items():
         pairs.setdefault(key, Pair(*key, base=None, new=rec))
     return [compare_pair(p, settings) for p in pairs.values()]
@@ -337,34 +327,34 @@ class BaselineTable:
         return geomean(s.speedup for (c, b), s in self.cells.items() if b == backend)
 
 
-def group_key_for(registry) -> Callable[[Mapping[str, Any]], str]:
+def group_key_for(registry) -> Callable[[Record], str]:
     """record -> its op's group key (head_dim x causal x heads x dtype for attention), or the op name."""
     from kbench.errors import KbenchError
 
-    def key(rec: Mapping[str, Any]) -> str:
+    def key(rec: Record) -> str:
         try:
-            op = registry.op(rec["op"])
-            return op.group_key(op.make_case(rec["case"]))
+            op = registry.op(rec.op)
+            return op.group_key(op.make_case(rec.case))
         except (KbenchError, ValueError, KeyError):  # op not installed here, or an old parameter set
-            return rec["op"]
+            return rec.op
     return key
 
 
-def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Callable[[dict[str, Any]], str],
+def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Callable[[Record], str],
                         settings: Settings = Settings(), *, file: str | None = None) -> BaselineTable:
-    records = result["records"]
-    backends = list(dict.fromkeys(r["backend"] for r in records))
+    records = records_of(result, file=file)
+    backends = list(dict.fromkeys(r.backend for r in records))
     if baseline not in backends:
         raise BadInput(f"backend {baseline!r} is not in this result", file=file, where="--baseline",
                        fix=f"use one of: {', '.join(backends)}")
-    by_key = {(r["case_id"], r["backend"]): r for r in records}
-    cases = list(dict.fromkeys(r["case_id"] for r in records))
+    by_key = {r.key: r for r in records}
+    cases = list(dict.fromkeys(r.case_id for r in records))
     groups: dict[str, list[str]] = {}
-    first = {r["case_id"]: r for r in reversed(records)}
+    first = {r.case_id: r for r in reversed(records)}
     for cid in cases:
         groups.setdefault(group_key(first[cid]), []).append(cid)
-    never = {b: _status_text(next(r for r in records if r["backend"] == b)) for b in backends
-             if b != baseline and not any(_passed(r) for r in records if r["backend"] == b)}
+    never = {b: next(r for r in records if r.backend == b).status_text for b in backends
+             if b != baseline and not any(_passed(r) for r in records if r.backend == b)}
     table = BaselineTable(baseline, [b for b in backends if b != baseline and b not in never], cases, groups,
                           {c: median_of(by_key.get((c, baseline))) if _passed(by_key.get((c, baseline))) else None
                            for c in cases}, never_passed=never)
@@ -377,11 +367,11 @@ def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Cal
                     continue
                 cell = Speedup(cid, group, name, None)
                 if not _passed(base):
-                    cell.note = f"baseline {_status_text(base) if base else 'missing'}"
+                    cell.note = f"baseline {base.status_text if base else 'missing'}"
                 elif not _passed(rec):
-                    cell.note = _status_text(rec)
+                    cell.note = rec.status_text
                 else:
-                    t = ratio_test(_samples(rec), _samples(base), settings)  # base/rec times: > 1 is faster
+                    t = ratio_test(rec.samples, base.samples, settings)  # base/rec times: > 1 is faster
                     cell.speedup, cell.ci_low, cell.ci_high, cell.p_value = t.ratio, t.ci_low, t.ci_high, t.p_value
                     cell.significant = t.significant(settings.alpha)
                 table.cells[(cid, name)] = cell

@@ -9,6 +9,9 @@ from typing import Any, Iterable, Sequence
 
 from tabulate import tabulate
 
+from kbench.enums import Status
+from kbench.record import Record, as_records
+
 FORMATS = ("table", "markdown", "csv", "json")
 _TABULATE = {"table": "simple", "markdown": "github", "html": "html"}
 
@@ -46,64 +49,55 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, *, r
 RECORD_HEADERS = ("case", "backend", "status", "median", "spread", "TFLOP/s", "GB/s", "roof", "rel_l2")
 
 
-def record_row(rec: dict[str, Any]) -> list[str]:
-    stats = rec.get("stats") or {}
-    metrics = rec.get("metrics") or {}
-    corr = rec.get("correctness") or {}
-    status = rec["status"] if rec["status"] == "passed" else f"{rec['status']}: {rec.get('reason') or ''}".strip()
+def record_row(rec: Record) -> list[str]:
+    status = str(rec.status) if rec.passed else f"{rec.status}: {rec.reason or ''}".strip()
     roof = ""
-    if metrics.get("roof_fraction") is not None:
-        roof = f"{fmt_pct(metrics['roof_fraction'])} {metrics.get('bound', '')}"
-    return [rec["case_id"], rec["backend"], status, fmt_time(stats.get("median")), fmt_pct(stats.get("rel_spread")),
-            fmt_num(metrics.get("tflops")), fmt_num(metrics.get("gbps")), roof.strip(), fmt_num(corr.get("rel_l2"), 2)]
+    if rec.metric("roof_fraction") is not None:
+        roof = f"{fmt_pct(rec.metric('roof_fraction'))} {rec.metric('bound') or ''}"
+    return [rec.case_id, rec.backend, status, fmt_time(rec.median), fmt_pct(rec.spread), fmt_num(rec.tflops),
+            fmt_num(rec.bandwidth), roof.strip(), fmt_num(rec.rel_l2, 2)]
 
 
 #: columns added when a record carries energy (CUDA device with NVML: telemetry.energy)
 ENERGY_HEADERS = ("J/call", "W", "TFLOP/s/W")
 
 
-def energy_of(rec: dict[str, Any]) -> dict[str, Any]:
-    """The record's measured energy (``telemetry.energy`` with watts), or {}."""
-    energy = (rec.get("telemetry") or {}).get("energy") or {}
-    return energy if energy.get("average_w") else {}
-
-
-def energy_row(rec: dict[str, Any]) -> list[str]:
+def energy_row(rec: Record) -> list[str]:
     """Joules per call, average watts and TFLOP/s per watt (attained TFLOP/s over the average power)."""
-    energy = energy_of(rec)
+    energy = rec.energy
     if not energy:
         return ["", "", ""]
-    tflops = (rec.get("metrics") or {}).get("tflops")
+    tflops = rec.tflops
     return [fmt_num(energy.get("joules_per_call")), fmt_num(energy["average_w"]),
             fmt_num(tflops / energy["average_w"] if tflops else None)]
 
 
-def record_columns(records: Sequence[dict[str, Any]]) -> tuple[tuple[str, ...], list[list[str]]]:
+def record_columns(records: Sequence[Record]) -> tuple[tuple[str, ...], list[list[str]]]:
     """Headers and rows of a records table; the energy columns only when some record measured energy."""
-    with_energy = any(energy_of(r) for r in records)
+    with_energy = any(r.energy for r in records)
     headers = RECORD_HEADERS + (ENERGY_HEADERS if with_energy else ())
     return headers, [record_row(r) + (energy_row(r) if with_energy else []) for r in records]
 
 
-def split_skipped(records: Iterable[dict[str, Any]]):
+def split_skipped(records: Iterable[Record | dict[str, Any]]) -> tuple[list[Record], dict[str, str]]:
     """Skipped records with one reason for every case of a backend collapse into one line each."""
-    records = list(records)
-    by_backend: dict[str, list[dict]] = defaultdict(list)
+    records = as_records(records)
+    by_backend: dict[str, list[Record]] = defaultdict(list)
     for r in records:
-        by_backend[r["backend"]].append(r)
+        by_backend[r.backend].append(r)
     collapsed: dict[str, str] = {}
     for name, recs in by_backend.items():
-        reasons = {r.get("reason") for r in recs}
-        if all(r["status"] == "skipped" for r in recs) and len(reasons) == 1:
+        reasons = {r.reason for r in recs}
+        if all(r.status is Status.SKIPPED for r in recs) and len(reasons) == 1:
             collapsed[name] = reasons.pop() or ""
-    shown = [r for r in records if r["backend"] not in collapsed]
+    shown = [r for r in records if r.backend not in collapsed]
     return shown, collapsed
 
 
-def records_table(records: Iterable[dict[str, Any]], fmt: str = "table") -> str:
-    records = list(records)
+def records_table(records: Iterable[Record | dict[str, Any]], fmt: str = "table") -> str:
+    records = as_records(records)
     if fmt == "json":
-        return render(RECORD_HEADERS, [], fmt, raw=records)
+        return render(RECORD_HEADERS, [], fmt, raw=[r.to_json() for r in records])
     if fmt == "csv":
         return render(*record_columns(records), fmt)
     shown, collapsed = split_skipped(records)
@@ -114,12 +108,15 @@ def records_table(records: Iterable[dict[str, Any]], fmt: str = "table") -> str:
     return text
 
 
-def status_summary(records: Iterable[dict[str, Any]]) -> str:
-    counts: dict[str, int] = defaultdict(int)
-    for r in records:
-        counts[r["status"]] += 1
-    order = ("passed", "failed", "error", "crashed", "timeout", "skipped")
-    return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
+#: the order of statuses in a summary line: outcomes that need a look first after the passed ones
+_SUMMARY_ORDER = (Status.PASSED, Status.FAILED, Status.ERROR, Status.CRASHED, Status.TIMEOUT, Status.SKIPPED)
+
+
+def status_summary(records: Iterable[Record | dict[str, Any]]) -> str:
+    counts: dict[Status, int] = defaultdict(int)
+    for r in as_records(records):
+        counts[r.status] += 1
+    return ", ".join(f"{counts[s]} {s}" for s in _SUMMARY_ORDER if counts.get(s))
 
 
 # -- comparisons (kbench.compare) -------------------------------------------------------------------
@@ -131,10 +128,10 @@ def compare_row(pair) -> list[str]:
     """One (case, backend) of ``kbench compare BASE NEW``; ratio is new time / base time."""
     t = pair.test
 
-    def side(rec):
+    def side(rec: Record | None) -> str:
         if rec is None:
             return "-"
-        return fmt_time(_median(rec)) if rec["status"] == "passed" else rec["status"]
+        return fmt_time(_median(rec)) if rec.passed else str(rec.status)
     ci = f"{t.ci_low:.3f}-{t.ci_high:.3f}" if t else ""
     return [pair.change.mark, side(pair.base), side(pair.new), f"{t.ratio:.3f}" if t else "", ci,
             f"{t.p_value:.2g}" if t else "", pair.change.value, pair.backend, pair.case_id, pair.note]

@@ -102,7 +102,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case
         for p in shown:
             if both_skipped(p):
-                skipped_both.setdefault(p.backend, set()).add(p.new.get("reason") or "")
+                skipped_both.setdefault(p.backend, set()).add(p.new.reason or "")
         shown = [p for p in shown if not both_skipped(p)]
     if text:
         for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):

@@ -12,13 +12,14 @@ from kbench.tables import FORMATS, records_table, status_summary
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 def show_command(result, fmt, keyword):
     """Print the records of RESULT (a result JSON file)."""
+    from kbench.record import as_records
     from kbench.results import load_result
     from kbench.selection import Keyword
 
     from kbench.commands import keep_matching
 
     data = load_result(result)
-    records = keep_matching(Keyword(keyword), data["records"], file=result)
+    records = as_records(keep_matching(Keyword(keyword), data["records"], file=result))
     if fmt in ("table", "markdown"):
         hw = (data.get("hardware") or {}).get("title", "no hardware profile")
         state = "complete" if data["complete"] else f"INCOMPLETE ({data.get('interrupted') or 'still running or killed'})"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kbench.errors import BadInput, KbenchError
+from kbench.record import records_of
 from kbench.results import load_result
 
 
@@ -47,10 +48,10 @@ def _bands(result_file: str | None) -> dict[str, tuple[float, float]]:
     except KbenchError:
         return {}
     out = {}
-    for rec in data["records"]:
-        stats, flops = rec.get("stats") or {}, (rec.get("metrics") or {}).get("flops")
-        if rec["status"] == "passed" and flops and stats.get("ci_low") and stats.get("ci_high"):
-            out.setdefault(rec["case_id"], (flops / stats["ci_high"] / 1e12, flops / stats["ci_low"] / 1e12))
+    for rec in records_of(data, file=result_file):
+        low, high, flops = rec.stat("ci_low"), rec.stat("ci_high"), rec.flops
+        if rec.passed and flops and low and high:
+            out.setdefault(rec.case_id, (flops / high / 1e12, flops / low / 1e12))
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from kbench.enums import Status
 from kbench.errors import BadInput
+from kbench.record import records_of
 from kbench.results import FORMAT, load_result
 
 #: machine description keys that name the host rather than describe the hardware
@@ -115,15 +116,14 @@ def reduce_result(path: Path, data: Mapping[str, Any]) -> Run:
     if dirty:
         commit = str(commit)[: -len("-dirty")]
     points, statuses = [], {}
-    for rec in data["records"]:
-        statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
-        stats = rec.get("stats") or {}
-        if rec["status"] != Status.PASSED.value or not stats.get("median"):
+    for rec in records_of(data, file=str(path)):
+        statuses[rec.status.value] = statuses.get(rec.status.value, 0) + 1
+        if rec.status is not Status.PASSED or not rec.median:
             continue
-        median = float(stats["median"])
-        points.append(Point(rec["op"], rec["case_id"], dict(rec.get("case") or {}), rec["backend"], median,
-                            float(stats.get("ci_low") or median), float(stats.get("ci_high") or median),
-                            int(stats.get("n") or 0), float(stats.get("min") or median)))
+        median = float(rec.median)
+        points.append(Point(rec.op, rec.case_id, dict(rec.case or {}), rec.backend, median,
+                            float(rec.stat("ci_low") or median), float(rec.stat("ci_high") or median),
+                            int(rec.stat("n") or 0), float(rec.stat("min") or median)))
     return Run(path=path, id=str(data.get("id") or path.stem), machine_id=str(data["machine"]["id"]),
                device=str(data.get("device") or data["machine"].get("device") or ""),
                suite=str((data.get("suite") or {}).get("name") or ""),

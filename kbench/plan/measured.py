@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from kbench.errors import BadInput
 from kbench.hardware import HardwareProfile
+from kbench.record import records_of
 
 #: result-file op -> (planner component, metric key, scale to per-second units, the sequence length key)
 OPS = {"attention": ("prefill-attention", "tflops", 1e12, "seqlen_kv"),
@@ -94,19 +95,19 @@ def rates_from_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> Meas
             profiles.setdefault(name, HardwareProfile.from_json(hw))
         except TypeError:
             pass  # an older profile layout: keep the rates, the planner uses the registered profile
-        for rec in data.get("records", []):
-            if rec.get("status") != "passed" or rec.get("op") not in OPS:
+        for rec in records_of(data, file=path):
+            if not rec.passed or rec.op not in OPS:
                 continue
-            component, metric, scale, key = OPS[rec["op"]]
-            case, value = rec.get("case", {}), (rec.get("metrics") or {}).get(metric)
+            component, metric, scale, key = OPS[rec.op]
+            case, value = rec.case, rec.metric(metric)
             if not value or key not in case:
                 continue
-            if rec["op"] == "decode_attention" and case.get("seqlen_q", 1) != 1:
+            if rec.op == "decode_attention" and case.get("seqlen_q", 1) != 1:
                 continue  # a decode step generates one token per request; multi-token (speculative) steps differ
             shape = (_group(case), int(case.get("head_dim", 0) or 0), bool(case.get("causal", True)),
                      str(case.get("dtype", "")))
             slot = (name, component, shape)
-            point = Point(int(case[key]), float(value) * scale, rec["backend"], rec["case_id"])
+            point = Point(int(case[key]), float(value) * scale, rec.backend, rec.case_id)
             per_len = best.setdefault(slot, {})
             if point.seqlen not in per_len or point.rate > per_len[point.seqlen].rate:
                 per_len[point.seqlen] = point

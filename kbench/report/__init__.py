@@ -9,16 +9,24 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
+from kbench.enums import Status
 from kbench.errors import BadInput
+from kbench.record import Record, records_of
 
 
 @dataclass
 class Run:
+    """One result file: its label on the page, its path, and its data with the records as Records."""
+
     label: str
     path: str
     data: dict[str, Any]
+
+    @property
+    def records(self) -> list[Record]:
+        return self.data["records"]
 
 
 @dataclass
@@ -32,31 +40,30 @@ class Figures:
 def label_runs(paths: Sequence[str], datas: Sequence[dict[str, Any]]) -> list[Run]:
     """Short, distinct labels: the file stem, or stem#i when two files share a stem."""
     stems = [Path(p).stem for p in paths]
-    return [Run(s if stems.count(s) == 1 else f"{s}#{i + 1}", str(p), d)
+    return [Run(s if stems.count(s) == 1 else f"{s}#{i + 1}", str(p), {**d, "records": records_of(d, file=str(p))})
             for i, (s, p, d) in enumerate(zip(stems, paths, datas))]
 
 
 def series_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Every record with its series name: the backend, plus the run's label when there are several runs."""
     many = len(runs) > 1
-    return [{"series": f"{r['backend']} @ {run.label}" if many else r["backend"], "run": run.label, "rec": r}
-            for run in runs for r in run.data["records"]]
+    return [{"series": f"{r.backend} @ {run.label}" if many else r.backend, "run": run.label, "rec": r}
+            for run in runs for r in run.records]
 
 
 def pick_baseline(runs: Sequence[Run], requested: str | None) -> str | None:
     """--baseline, else the first backend of the first run that passed somewhere."""
-    backends = list(dict.fromkeys(r["backend"] for r in runs[0].data["records"]))
+    backends = list(dict.fromkeys(r.backend for r in runs[0].records))
     if requested is not None:
         if requested not in backends:
             raise BadInput(f"backend {requested!r} is not in {runs[0].path}", file=runs[0].path, where="--baseline",
                            fix=f"use one of: {', '.join(backends)}")
         return requested
-    passed = [b for b in backends if any(r["backend"] == b and r["status"] == "passed"
-                                         for r in runs[0].data["records"])]
+    passed = [b for b in backends if any(r.backend == b and r.passed for r in runs[0].records)]
     return passed[0] if len(passed) > 1 else None
 
 
-def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], str], baseline: str | None,
+def build_figures(runs: Sequence[Run], group_key: Callable[[Record], str], baseline: str | None,
                   settings=None):
     """The figures, the speedup table (or None) and the changes between runs (list of (run, pairs))."""
     import matplotlib
@@ -67,7 +74,7 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], 
     settings = settings or Settings()
     rows = series_rows(runs)
     # colours go to series that have something to plot, so a run full of skipped GPU backends keeps the palette
-    palette = F.colors([r["series"] for r in rows if r["rec"]["status"] == "passed"])
+    palette = F.colors([r["series"] for r in rows if r["rec"].passed])
     palette.update({r["series"]: "#999999" for r in rows if r["series"] not in palette})
     out = Figures()
     table = None
@@ -80,7 +87,7 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Mapping[str, Any]], 
              "no passed record with a sequence length and head_dim")
         if baseline is not None:
             table = speedup_vs_baseline(runs[0].data, baseline, group_key, settings, file=runs[0].path)
-            first = {r["rec"]["backend"]: r["series"] for r in rows if r["run"] == runs[0].label}
+            first = {r["rec"].backend: r["series"] for r in rows if r["run"] == runs[0].label}
             fig = F.speedup(table, {b: palette.get(first.get(b, b), "#999999") for b in table.backends})
             _add(out, "speedup", f"Speedup over {baseline}",
                  f"Median time of {baseline} divided by the backend's, minus 1, per case of {runs[0].label} "
@@ -143,8 +150,8 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
     cards = []
     for run in runs:
         d = run.data
-        recs = d["records"]
-        bad = sum(r["status"] in ("failed", "error", "crashed", "timeout") for r in recs)
+        recs = run.records
+        bad = sum(r.status not in (Status.PASSED, Status.SKIPPED) for r in recs)
         state = "complete" if d["complete"] else f"INCOMPLETE: {d.get('interrupted') or 'still running or killed'}"
         hw = (d.get("hardware") or {}).get("title") or "no hardware profile"
         cards.append(f'<div class="card"><div class="sub">{escape(run.label)}</div>'
@@ -180,13 +187,13 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
                        + html_table(COMPARE_HEADERS, rows, classes=[p.change.value for p in pairs],
                                     numeric=(1, 2, 3, 5))))
     for run in runs:
-        recs, collapsed = split_skipped(run.data["records"])
+        recs, collapsed = split_skipped(run.records)
         note = ""
         if collapsed:
             note = ("<p>Skipped on every case: " + "; ".join(f"<b>{escape(b)}</b> ({escape(why)})"
                                                             for b, why in sorted(collapsed.items())) + ".</p>")
         tables.append((f"records-{run.label}", f"Records of {run.label}",
-                       html_table(RECORD_HEADERS, [record_row(r) for r in recs], classes=[r["status"] for r in recs],
+                       html_table(RECORD_HEADERS, [record_row(r) for r in recs], classes=[r.status.value for r in recs],
                                   numeric=(3, 4, 5, 6, 8)) + note))
     names = ", ".join(dict.fromkeys(r.data["suite"]["name"] for r in runs))
     return page(title=f"kbench: {names}", runs=runs, summary_cards=cards, figures=figs, tables=tables,

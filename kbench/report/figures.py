@@ -13,6 +13,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from kbench.record import Record
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#7f7f7f", "#bcbd22")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -44,8 +46,13 @@ def _new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _passed(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in rows if r["rec"]["status"] == "passed" and (r["rec"].get("metrics") or {}).get("tflops")]
+def _rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with ``rec`` as a Record (callers may hand records as JSON objects)."""
+    return [{**r, "rec": Record.of(r["rec"])} for r in rows]
+
+
+def _passed(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in _rows(rows) if r["rec"].passed and r["rec"].tflops]
 
 
 def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
@@ -54,12 +61,12 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
     ``rows``: dicts with ``series`` (backend, with the run's label when several runs) and ``rec``.
     Parameters that vary inside a panel besides the placed ones (heads, dtype) split a series.
     """
-    rows = [r for r in _passed(rows) if {"head_dim", "seqlen_kv"} <= set(r["rec"]["case"])]
+    rows = [r for r in _passed(rows) if {"head_dim", "seqlen_kv"} <= set(r["rec"].case)]
     if not rows:
         return None
     panels: dict[tuple, list] = {}
     for r in rows:
-        c = r["rec"]["case"]
+        c = r["rec"].case
         panels.setdefault((c["head_dim"], c.get("causal")), []).append(r)
     keys = sorted(panels, key=lambda k: (k[0], str(k[1])))
     ncols = 1 if len(keys) == 1 else 2
@@ -68,28 +75,28 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax, key in zip(axes, keys):
         prows = panels[key]
-        varying = [p for p in prows[0]["rec"]["case"] if p not in _PLACED and p != "seqlen_q"
-                   and len({str(r["rec"]["case"].get(p)) for r in prows}) > 1]
+        varying = [p for p in prows[0]["rec"].case if p not in _PLACED and p != "seqlen_q"
+                   and len({str(r["rec"].case.get(p)) for r in prows}) > 1]
         at_one_length: dict[tuple, set] = {}
         for r in prows:
-            c = r["rec"]["case"]
+            c = r["rec"].case
             at_one_length.setdefault((r["series"], c["seqlen_kv"]), set()).add(c.get("seqlen_q"))
         if any(len(v) > 1 for v in at_one_length.values()):
             varying.insert(0, "seqlen_q")
         lines: dict[str, list] = {}
         for r in prows:
-            extra = ",".join(f"{p}={r['rec']['case'][p]}" for p in varying)
+            extra = ",".join(f"{p}={r['rec'].case[p]}" for p in varying)
             lines.setdefault((r["series"], extra), []).append(r)
         styles = {e: MARKERS[i % len(MARKERS)] for i, e in enumerate(sorted({e for _, e in lines}))}
         dashes = {e: ("-", "--", ":", "-.")[i % 4] for i, e in enumerate(sorted({e for _, e in lines}))}
         for (series, extra), pts in sorted(lines.items()):
-            pts = sorted(pts, key=lambda r: r["rec"]["case"]["seqlen_kv"])
-            xs = [r["rec"]["case"]["seqlen_kv"] for r in pts]
-            ys = [r["rec"]["metrics"]["tflops"] for r in pts]
+            pts = sorted(pts, key=lambda r: r["rec"].case["seqlen_kv"])
+            xs = [r["rec"].case["seqlen_kv"] for r in pts]
+            ys = [r["rec"].tflops for r in pts]
             label = f"{series} {extra}".strip()
             ax.plot(xs, ys, marker=styles[extra], linestyle=dashes[extra], color=palette[series], label=label,
                     markersize=5, linewidth=1.4)
-        xs_all = sorted({r["rec"]["case"]["seqlen_kv"] for r in prows})
+        xs_all = sorted({r["rec"].case["seqlen_kv"] for r in prows})
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs_all)
         ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
@@ -110,25 +117,24 @@ def energy(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Fig
 
     One line per (series, head_dim, masking); ``None`` when no passed record measured energy.
     """
-    pts = [r for r in _passed(rows) if "seqlen_kv" in r["rec"]["case"]
-           and ((r["rec"].get("telemetry") or {}).get("energy") or {}).get("average_w")]
+    pts = [r for r in _passed(rows) if "seqlen_kv" in r["rec"].case and r["rec"].energy]
     if not pts:
         return None
     fig = _new_figure(11, 3.8)
     ax_j, ax_w = fig.subplots(1, 2)
     lines: dict[tuple, list] = {}
     for r in pts:
-        c = r["rec"]["case"]
+        c = r["rec"].case
         lines.setdefault((r["series"], c.get("head_dim"), c.get("causal")), []).append(r)
     for (series, d, causal), group in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        group = sorted(group, key=lambda r: r["rec"]["case"]["seqlen_kv"])
-        xs = [r["rec"]["case"]["seqlen_kv"] for r in group]
-        e = [r["rec"]["telemetry"]["energy"] for r in group]
+        group = sorted(group, key=lambda r: r["rec"].case["seqlen_kv"])
+        xs = [r["rec"].case["seqlen_kv"] for r in group]
+        e = [r["rec"].energy for r in group]
         label = f"{series} d={d}{' causal' if causal else ''}"
         style = dict(color=palette[series], marker="o", markersize=4, linewidth=1.3,
                      linestyle="--" if causal else "-")
         ax_j.plot(xs, [x.get("joules_per_call") for x in e], label=label, **style)
-        ax_w.plot(xs, [r["rec"]["metrics"]["tflops"] / x["average_w"] for r, x in zip(group, e)], label=label,
+        ax_w.plot(xs, [r["rec"].tflops / x["average_w"] for r, x in zip(group, e)], label=label,
                   **style)
     for ax, ylabel in ((ax_j, "joules per call"), (ax_w, "TFLOP/s per watt")):
         ax.set_xscale("log", base=2)
@@ -203,14 +209,14 @@ def roofs_of(hardware: Mapping[str, Any] | None, dtypes: Sequence[str]) -> list[
 def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | None,
              palette: Mapping[str, str]) -> Figure | None:
     """Every measured case as a point (intensity, TFLOP/s) on the hardware's roofs, log-log."""
-    rows = [r for r in _passed(rows) if (r["rec"].get("metrics") or {}).get("intensity")]
+    rows = [r for r in _passed(rows) if r["rec"].intensity]
     if not rows:
         return None
     fig = _new_figure(9, 5.2)
     ax = fig.subplots()
-    dtypes = sorted({str(r["rec"]["case"].get("dtype", "")) for r in rows})
-    xs = [r["rec"]["metrics"]["intensity"] for r in rows]
-    ys = [r["rec"]["metrics"]["tflops"] for r in rows]
+    dtypes = sorted({str(r["rec"].case.get("dtype", "")) for r in rows})
+    xs = [r["rec"].intensity for r in rows]
+    ys = [r["rec"].tflops for r in rows]
     roofs = roofs_of(hardware, dtypes)
     x_lo, x_hi = min(xs) / 4, max(xs) * 4
     for _, _, peak, bw in roofs:
@@ -236,7 +242,7 @@ def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | No
         top = max(top, float(np.nanmax(roof[np.isfinite(roof)])) / 1e12) if np.isfinite(roof).any() else top
     for series in dict.fromkeys(r["series"] for r in rows):
         pts = [r for r in rows if r["series"] == series]
-        ax.scatter([r["rec"]["metrics"]["intensity"] for r in pts], [r["rec"]["metrics"]["tflops"] for r in pts],
+        ax.scatter([r["rec"].intensity for r in pts], [r["rec"].tflops for r in pts],
                    color=palette[series], label=series, s=22, zorder=3, edgecolors="white", linewidths=0.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -270,16 +276,15 @@ def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: 
 
     Shows the ``limit`` noisiest records (by IQR / median); returns the figure and how many were left out.
     """
-    rows = [r for r in rows if r["rec"]["status"] == "passed" and len((r["rec"].get("timing") or {}).get("samples")
-                                                                        or []) >= 2]
+    rows = [r for r in _rows(rows) if r["rec"].passed and len(r["rec"].samples) >= 2]
     if not rows:
         return None, 0
-    rows = sorted(rows, key=lambda r: -(r["rec"].get("stats") or {}).get("rel_spread", 0) or 0)
+    rows = sorted(rows, key=lambda r: -(r["rec"].spread or 0))
     left_out = max(0, len(rows) - limit)
     rows = rows[:limit]
     data = []
     for r in rows:
-        s = np.asarray(r["rec"]["timing"]["samples"], dtype=float)
+        s = np.asarray(r["rec"].samples, dtype=float)
         data.append(100 * (s / np.median(s) - 1))
     fig = _new_figure(10, 0.24 * len(rows) + 1.3)
     ax = fig.subplots()
@@ -289,9 +294,9 @@ def noise(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str], limit: 
         patch.set_facecolor(palette[r["series"]])
         patch.set_alpha(0.55)
     ax.set_yticks(range(1, len(rows) + 1))
-    ax.set_yticklabels([f"{r['series']}  {short_case(r['rec']['case_id'])}  "
-                        f"(IQR {100 * ((r['rec'].get('stats') or {}).get('rel_spread') or 0):.1f}%, "
-                        f"n={len(r['rec']['timing']['samples'])})" for r in rows], fontsize=7)
+    ax.set_yticklabels([f"{r['series']}  {short_case(r['rec'].case_id)}  "
+                        f"(IQR {100 * (r['rec'].spread or 0):.1f}%, n={len(r['rec'].samples)})" for r in rows],
+                       fontsize=7)
     ax.invert_yaxis()
     # a few samples many times the median (a descheduled process) would squash every box: clip the axis
     # and write the clipped whisker's value at the edge instead

@@ -110,20 +110,20 @@ ENERGY_TABLE_HEADERS = ("case", "backend", "TFLOP/s", "J/call", "W", "TFLOP/s/W"
 
 def energy_tables(runs) -> list[tuple[str, str, str]]:
     """(anchor, heading, html) of an energy table per run that has records with NVML energy."""
-    from kbench.tables import energy_of, energy_row, fmt_num, fmt_pct
+    from kbench.tables import energy_row, fmt_num, fmt_pct
 
     out = []
     for run in runs:
-        recs = [r for r in run.data["records"] if r["status"] == "passed" and energy_of(r)]
+        recs = [r for r in run.records if r.passed and r.energy]
         if not recs:
             continue
         rows = []
         for r in recs:
-            tele, energy = r.get("telemetry") or {}, energy_of(r)
-            limit = (tele.get("after") or {}).get("power_limit_w")
-            rows.append([r["case_id"], r["backend"], fmt_num((r.get("metrics") or {}).get("tflops")), *energy_row(r),
-                         fmt_pct(energy.get("kernel_fraction")), fmt_num(limit), len(tele.get("throttled_samples") or []),
-                         energy.get("source", "")])
+            energy = r.energy
+            limit = (r.telemetry_item("after") or {}).get("power_limit_w")
+            rows.append([r.case_id, r.backend, fmt_num(r.tflops), *energy_row(r),
+                         fmt_pct(energy.get("kernel_fraction")), fmt_num(limit),
+                         len(r.telemetry_item("throttled_samples") or []), energy.get("source", "")])
         note = ("<p>Energy of the timed samples from NVML's energy counter (read before the first and after the "
                 "last sample); W is the board's average power over that window (kernels, L2 flushes, host work "
                 "between samples: <i>kernel share</i> of it is kernel time), J/call charges each call that power "

@@ -52,10 +52,10 @@ class ArrayLayout:
 
 
 def np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
+    if name in ("bfloat16", "float8_e4m3fn"):
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
@@ -290,7 +290,8 @@ class CallRunner:
 
     def _answers(self, result: Any, outs: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
         """name -> the array holding that output: the buffer, or what the kernel returned instead."""
-        if len(outs) > 1 and isinstance(result, Mapping):
+        if len(outs) > 1 and (result is None or isinstance(result, Mapping)):
+            result = result or {}
             unknown = sorted(set(result) - set(outs))
             if unknown:
                 raise Fault(f"the kernel returned outputs {', '.join(map(repr, unknown))}; this case's outputs are "

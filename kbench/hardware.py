@@ -50,11 +50,11 @@ class HardwareProfile:
     interconnects: tuple[str, ...] = ()         # names in kbench/data/interconnects.yaml
 
     def peak(self, dtype: str) -> float | None:
-        """Peak FLOP/s for a case dtype; fp32 inputs use the fp32 (not tf32) rate."""
-        return self.peak_flops.get(dtype)
+        """Peak FLOP/s for a case dtype; fp32 inputs use the fp32 (not tf32) rate; fp8_e4m3 the fp8 rate."""
+        return self.peak_flops.get(dtype, self.peak_flops.get(dtype.partition("_")[0]))
 
     def measured_peak(self, dtype: str) -> float | None:
-        return self.measured_flops.get(dtype)
+        return self.measured_flops.get(dtype, self.measured_flops.get(dtype.partition("_")[0]))
 
     @property
     def has_measured(self) -> bool:

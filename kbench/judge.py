@@ -171,6 +171,8 @@ def verify(ctx, case, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np
     report: dict[str, dict[str, float]] = {}
     for name, output in outputs.items():
         ref = refs[name]
+        if ref.size == 0:  # the op's sample leaves this output out of this check (docs/backward.md)
+            continue
         got = op.select_output(case, name, output, rows).astype(np.float64)
         err = relative_l2(got, ref)
         bound = tolerance(ctx, case, name)

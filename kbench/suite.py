@@ -206,8 +206,11 @@ def expand_grid(grid: list[Mapping[str, Any]], op: Op, suite: Suite | None = Non
                 axes.append([dict(zip(names, row)) for row in rows])
             else:
                 values = value if isinstance(value, list) else [value]
+                listed = key in getattr(op, "list_params", ())  # a list is one value (window: [128, 0])
+                if listed and isinstance(value, list) and not any(isinstance(v, list) for v in value):
+                    values = [value]
                 for j, v in enumerate(values):
-                    if isinstance(v, list):
+                    if isinstance(v, list) and not listed:
                         raise BadInput(f"{key!r} is not a tied key but has a list value {v!r}", file=path,
                                        where=place(i, key, j), fix="tie parameters with a key like 'batch,seqlen'")
                 axes.append([{key: v} for v in values])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import kbench
-from kbench.backends import Backend, Tunable
+from kbench.backends import Backend, TrainingKernel, Tunable
 from kbench.ops import Case
 from kbench.ops.attention import softmax_scale
 
@@ -25,48 +25,120 @@ def _ungroup(o: np.ndarray, out: np.ndarray) -> None:
     out[...] = o.transpose(0, 3, 1, 2, 4).reshape(b, sq, hkv * g, d)
 
 
-def attention_numpy(q, k, v, out, *, causal: bool, scale: float) -> None:
-    """Materialise the whole score matrix in float32, mask, softmax, multiply by V."""
-    qg, kg, vg = _grouped(q, k, v)
-    sq, sk = q.shape[1], k.shape[1]
-    s = np.matmul(qg, kg[:, :, None].swapaxes(-1, -2)) * np.float32(scale)
+def _visible(rows: np.ndarray, keys: np.ndarray, offset: int, causal: bool, window: tuple[int, int]) -> np.ndarray | None:
+    """(rows, keys) mask of the causal/window band (bottom-right aligned, ``offset = sk - sq``), None if all."""
+    left, right = window
     if causal:
-        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
-        s = np.where(visible, s, np.float32(-np.inf))
+        right = 0
+    if left < 0 and right < 0:
+        return None
+    pos = rows[:, None] + offset
+    mask = np.ones((len(rows), len(keys)), dtype=bool)
+    if right >= 0:
+        mask &= keys[None, :] <= pos + right
+    if left >= 0:
+        mask &= keys[None, :] >= pos - left
+    return mask
+
+
+def _scores(qg, kg, scale: float, softcap: float) -> np.ndarray:
+    """float32 scale * Q K^T, tanh-capped when ``softcap`` (grouped layouts)."""
+    s = np.matmul(qg, kg[:, :, None].swapaxes(-1, -2)) * np.float32(scale)
+    return s if not softcap else np.float32(softcap) * np.tanh(s / np.float32(softcap))
+
+
+def _softmax(s: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    if mask is not None:
+        s = np.where(mask, s, np.float32(-np.inf))
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, np.float32(0))
     p = np.exp(s - m)
     denom = p.sum(axis=-1, keepdims=True)
-    o = np.matmul(p, vg[:, :, None]) / np.where(denom == 0, np.float32(1), denom)
-    _ungroup(o, out)
+    return p / np.where(denom == 0, np.float32(1), denom)
+
+
+def attention_numpy(q, k, v, out, *, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0) -> None:
+    """Materialise the whole score matrix in float32, cap, mask, softmax, multiply by V."""
+    qg, kg, vg = _grouped(q, k, v)
+    sq, sk = q.shape[1], k.shape[1]
+    p = _softmax(_scores(qg, kg, scale, softcap), _visible(np.arange(sq), np.arange(sk), sk - sq, causal, window))
+    _ungroup(np.matmul(p, vg[:, :, None]), out)
+
+
+def attention_backward_numpy(q, k, v, do, *, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
+                             softcap: float = 0.0) -> dict[str, np.ndarray]:
+    """Forward output and gradients in float32, the whole (b, h, sq, sk) matrix materialised.
+
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)) * (1 - tanh^2) under softcap,
+    dQ = scale dS K, dK = scale dS^T Q; GQA gradients summed over the query heads of a kv head.
+    """
+    qg, kg, vg = _grouped(q, k, v)
+    dog = _grouped(do, k, v)[0]
+    sq, sk = q.shape[1], k.shape[1]
+    raw = np.matmul(qg, kg[:, :, None].swapaxes(-1, -2)) * np.float32(scale)
+    if softcap:
+        t = np.tanh(raw / np.float32(softcap))
+        s, slope = np.float32(softcap) * t, np.float32(1) - t * t
+    else:
+        s, slope = raw, None
+    p = _softmax(s, _visible(np.arange(sq), np.arange(sk), sk - sq, causal, window))
+    o = np.matmul(p, vg[:, :, None])
+    dp = np.matmul(dog, vg[:, :, None].swapaxes(-1, -2))
+    ds = p * (dp - (dog * o).sum(axis=-1, keepdims=True))
+    if slope is not None:
+        ds *= slope
+    dq = np.matmul(ds, kg[:, :, None]) * np.float32(scale)
+    dk = np.matmul(ds.swapaxes(-1, -2), qg).sum(axis=2) * np.float32(scale)   # (b, hkv, sk, d)
+    dv = np.matmul(p.swapaxes(-1, -2), dog).sum(axis=2)
+    return {"out": o, "dq": dq, "dk": dk.transpose(0, 2, 1, 3), "dv": dv.transpose(0, 2, 1, 3)}
+
+
+class NumpyTraining(TrainingKernel):
+    """The ``numpy`` backend's backward: forward saves nothing but its inputs (the backward recomputes P)."""
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v):
+        return q, k, v
+
+    def backward(self, saved, do, out, dq, dk, dv) -> None:
+        q, k, v = saved
+        grads = attention_backward_numpy(q, k, v, do, **self.kwargs)
+        _ungroup(grads["out"], out)
+        _ungroup(grads["dq"], dq)
+        dk[...], dv[...] = grads["dk"], grads["dv"]
 
 
 def attention_numpy_flash(q, k, v, out, *, causal: bool, scale: float, block_q: int = 128,
-                          block_k: int = 128) -> None:
+                          block_k: int = 128, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> None:
     """Tiled attention with an online softmax: never holds more than block_q x block_k scores.
 
     For each query block, walk the key blocks left to right keeping a running row maximum ``m``,
     a running denominator ``l`` and an unnormalised accumulator; rescale both by exp(m_old - m_new)
-    when the maximum grows. Key blocks entirely in the causal future are skipped.
+    when the maximum grows. Key blocks entirely outside the causal/window band are skipped.
     """
     qg, kg, vg = _grouped(q, k, v)
     b, hkv, g, sq, d = qg.shape
     sk = kg.shape[2]
-    offset = sk - sq  # bottom-right alignment: row i sees keys j <= i + offset
-    scale32 = np.float32(scale)
+    offset = sk - sq  # bottom-right alignment: row i sits at key position i + offset
+    left, right = window
+    right = 0 if causal else right
     o = np.empty((b, hkv, g, sq, vg.shape[-1]), dtype=np.float32)
     for q0 in range(0, sq, block_q):
         q1 = min(q0 + block_q, sq)
-        qb = qg[:, :, :, q0:q1] * scale32
+        qb = qg[:, :, :, q0:q1]
         m = np.full((b, hkv, g, q1 - q0, 1), -np.inf, dtype=np.float32)
         l = np.zeros_like(m)
         acc = np.zeros((b, hkv, g, q1 - q0, vg.shape[-1]), dtype=np.float32)
-        k_end = min(sk, q1 - 1 + offset + 1) if causal else sk
-        for k0 in range(0, max(k_end, 0), block_k):
+        k_end = min(sk, q1 - 1 + offset + right + 1) if right >= 0 else sk
+        k_start = max(0, q0 + offset - left) // block_k * block_k if left >= 0 else 0
+        for k0 in range(k_start, max(k_end, 0), block_k):
             k1 = min(k0 + block_k, sk)
-            s = np.matmul(qb, kg[:, :, None, k0:k1].swapaxes(-1, -2))
-            if causal and k1 - 1 > q0 + offset:  # block straddles the diagonal
-                visible = np.arange(k0, k1)[None, :] <= np.arange(q0, q1)[:, None] + offset
+            s = _scores(qb, kg[:, :, k0:k1], scale, softcap)
+            visible = _visible(np.arange(q0, q1), np.arange(k0, k1), offset, causal, window)
+            if visible is not None and not visible.all():  # block straddles an edge of the band
                 s = np.where(visible, s, np.float32(-np.inf))
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
             m_safe = np.where(np.isfinite(m_new), m_new, np.float32(0))
@@ -79,11 +151,22 @@ def attention_numpy_flash(q, k, v, out, *, causal: bool, scale: float, block_q: 
     _ungroup(o, out)
 
 
+def _mask_kwargs(case: Case) -> dict:
+    """window/softcap keyword arguments of a case (the op's convention: only when set)."""
+    kwargs = {}
+    if (case["window_left"], case["window_right"]) != (-1, -1):
+        kwargs["window"] = (case["window_left"], case["window_right"])
+    if case["softcap"]:
+        kwargs["softcap"] = float(case["softcap"])
+    return kwargs
+
+
 class NumpyAttention(Backend):
     name = "numpy"
     op = "attention"
     device = "cpu"
-    description = "NumPy, float32 compute, whole score matrix materialised"
+    description = "NumPy, float32 compute, whole score matrix materialised; forward and backward"
+    features = frozenset({"bwd", "fwd_bwd", "window", "softcap"})
 
     def supports(self, case: Case) -> str | None:
         p = case.params
@@ -93,10 +176,12 @@ class NumpyAttention(Backend):
         return None
 
     def prepare(self, case: Case):
-        causal, scale = case["causal"], softmax_scale(case)
+        kwargs = {"causal": case["causal"], "scale": softmax_scale(case), **_mask_kwargs(case)}
+        if case["mode"] != "fwd":
+            return NumpyTraining(**kwargs)
 
         def run(q, k, v, out):
-            attention_numpy(q, k, v, out, causal=causal, scale=scale)
+            attention_numpy(q, k, v, out, **kwargs)
         return run
 
     def info(self):
@@ -107,18 +192,19 @@ class NumpyFlashAttention(Backend):
     name = "numpy-flash"
     op = "attention"
     device = "cpu"
-    description = "NumPy, tiled online softmax (FlashAttention algorithm), float32 compute"
+    description = "NumPy, tiled online softmax (FlashAttention algorithm), float32 compute; forward only"
+    features = frozenset({"window", "softcap"})
     tunables = {
         "block_q": Tunable(128, (16, 32, 64, 128, 256, 512, 1024), "query rows per tile"),
         "block_k": Tunable(128, (16, 32, 64, 128, 256, 512, 1024), "key rows per tile"),
     }
 
     def prepare(self, case: Case):
-        causal, scale = case["causal"], softmax_scale(case)
-        bq, bk = self.setting("block_q"), self.setting("block_k")
+        kwargs = {"causal": case["causal"], "scale": softmax_scale(case), **_mask_kwargs(case),
+                  "block_q": self.setting("block_q"), "block_k": self.setting("block_k")}
 
         def run(q, k, v, out):
-            attention_numpy_flash(q, k, v, out, causal=causal, scale=scale, block_q=bq, block_k=bk)
+            attention_numpy_flash(q, k, v, out, **kwargs)
         return run
 
     def info(self):

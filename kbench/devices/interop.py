@@ -76,13 +76,19 @@ def as_torch(array: Any, dtype: DType | str | None = None):
     if isinstance(array, torch.Tensor):
         if want is DType.BF16 and array.dtype in (torch.int16, torch.uint16):
             return array.view(torch.bfloat16)
+        if want is DType.FP8_E4M3 and array.dtype == torch.uint8:  # fp8 stored as its bytes
+            return array.view(torch.float8_e4m3fn)
         return array
     if isinstance(array, np.ndarray):
         if array.dtype.name == "bfloat16" or (want is DType.BF16 and array.dtype == np.uint16):
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        if array.dtype.name == "float8_e4m3fn" or (want is DType.FP8_E4M3 and array.dtype == np.uint8):
+            return torch.from_numpy(array.view(np.uint8)).view(torch.float8_e4m3fn)
         return torch.from_numpy(array)
     # a device array: CuPy, or another DLPack producer with a .view like CuPy's
     kind = str(getattr(array, "dtype", ""))
+    if want is DType.FP8_E4M3 and kind == "uint8":
+        return torch.from_dlpack(array).view(torch.float8_e4m3fn)
     if kind == "uint16" or (want is DType.BF16 and kind == "int16"):
         if want not in (None, DType.BF16):
             raise TypeError(f"uint16 device array given for a {want} case; kbench stores only bf16 as uint16")
@@ -119,6 +125,8 @@ def as_numpy(array: Any, dtype: DType | str | None = None, *, allow_copy: bool =
             array = array.cpu()
         if array.dtype == torch.bfloat16:
             return array.view(torch.int16).numpy().view(bf16)
+        if array.dtype == torch.float8_e4m3fn:
+            return array.view(torch.uint8).numpy().view(DType.FP8_E4M3.numpy)
         host = array.numpy()
         return host.view(bf16) if want is DType.BF16 and host.dtype in (np.uint16, np.int16) else host
     if _is_cupy(array):

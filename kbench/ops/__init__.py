@@ -60,6 +60,8 @@ class Op(ABC):
     parameters: tuple[Param, ...] = ()
     #: one name that sets several parameters at once, e.g. ``seqlen`` -> seqlen_q and seqlen_kv
     aliases: Mapping[str, tuple[str, ...]] = {}
+    #: suite keys whose value is a list (``window: [left, right]``); a list of such lists is a grid axis
+    list_params: frozenset[str] = frozenset()
     #: a parameter that defaults to another one's value when not given, e.g. heads_kv -> heads_q (MHA)
     default_from: Mapping[str, str] = {}
     #: the names of the arrays the backend receives, in call order
@@ -101,6 +103,10 @@ class Op(ABC):
                     raise CaseError(f"{p.name!r} must be an integer, got {value!r}")
                 if p.minimum is not None and value < p.minimum:
                     raise CaseError(f"{p.name!r} must be >= {p.minimum}, got {value}")
+            elif p.type is float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise CaseError(f"{p.name!r} must be a number, got {value!r}")
+                value = float(value)
             elif p.type is str:
                 value = str(value)
             if p.choices and value not in p.choices:

@@ -33,6 +33,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "kbench.builtin.cpu",
     "kbench.builtin.numpy_backends",
     "kbench.builtin.numpy_decode",
+    "kbench.builtin.numpy_varlen",
     "kbench.builtin.hardware",
     "kbench.builtin.commands",
 )

@@ -12,6 +12,7 @@ from kbench_torch.flash import flash_backends
 from kbench_torch.paged import decode_backends
 from kbench_torch.sdpa import TorchSDPA, cuda_backends
 from kbench_torch.substrate import TorchCPUSubstrate
+from kbench_torch.varlen import varlen_backends
 
 
 @kbench.hookimpl
@@ -23,6 +24,8 @@ def kbench_register_backends(registry):
         registry.add_backend(backend)
     registry.add_backend(CudnnFrontendSDPA())
     for backend in decode_backends():  # decode_attention, contiguous and paged caches (kbench_torch.paged)
+        registry.add_backend(backend)
+    for backend in varlen_backends():  # attention_varlen: torch-sdpa-varlen[-cuda], flash-attn[3]-varlen
         registry.add_backend(backend)
 
 

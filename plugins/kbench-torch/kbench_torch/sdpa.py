@@ -56,12 +56,8 @@ def mask_kind(case: Case) -> str:
 
 
 def bottom_right_mask(sq: int, sk: int, device=None):
-    """Boolean (sq, sk) mask, True where the key is visible."""
-    import torch
-
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(sk, device=device)[None, :]
-    return j <= i + (sk - sq)
+    """Boolean (sq, sk) mask, True where the key is visible (causal, bottom-right aligned)."""
+    return visible_mask(sq, sk, causal=True, window=None, device=device)
 
 
 def case_mask(case: Case, *, device=None, impl: str | None = None):

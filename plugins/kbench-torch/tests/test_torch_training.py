@@ -377,3 +377,27 @@ def test_fp8_inputs_reach_torch_as_float8_views():
     raw = torch.from_numpy(x.view(np.uint8))  # a device without float8 holds the bytes as uint8
     assert torch.equal(as_torch_case(raw, "fp8_e4m3").float(), t.float())
     assert as_torch_case(np.ones(3, np.float32), "fp32").dtype == torch.float32
+
+
+def test_gqa_by_repeat_gives_the_same_gradients_as_enable_gqa():
+    """The fallback for forced CUDA kernels that refuse enable_gqa, run on the CPU: dK, dV summed back per kv head."""
+    from kbench_torch.sdpa import sdpa_bhsd
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 10, 8, generator=gen, dtype=torch.float64) for h in (6, 2, 2))
+    do = torch.randn(1, 6, 10, 8, generator=gen, dtype=torch.float64)
+    grads = {}
+    for gqa in ("native", "repeat"):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        o = sdpa_bhsd(*leaves, kind="square", scale=0.3, gqa=gqa)
+        grads[gqa] = torch.autograd.grad(o, leaves, grad_outputs=do)
+        assert grads[gqa][1].shape == k.shape  # a gradient per kv head, not per query head
+    for a, b in zip(grads["native"], grads["repeat"]):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_probe_runs_the_backward_of_a_window_case_on_the_cpu():
+    from kbench_torch.sdpa import probe
+
+    assert probe("MATH", "fp32", 16, 4, 2, "window", "cpu", backward=True) is None
+    assert probe("MATH", "fp32", 16, 4, 2, "tall", "cpu", backward=True, gqa="repeat") is None

@@ -89,7 +89,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "plan_run": ("kbench.runner", "plan_run"),
     "run_suite": ("kbench.runner", "run_suite"),
     "pick_device": ("kbench.runner", "pick_device"),
-    "executors": ("kbench.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
+    "executor_kit": ("kbench.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
     "render_table": ("kbench.tables", "render"),

@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "kbench.builtin.numpy_varlen",
     "kbench.builtin.hardware",
     "kbench.builtin.commands",
+    "kbench.executors",
 )
 
 ENTRY_POINT_GROUP = "kbench"
@@ -50,6 +51,7 @@ REGISTRATION_HOOKS = (
     "kbench_register_kernel_substrates",
     "kbench_register_backends",
     "kbench_register_hardware",
+    "kbench_register_executors",
 )
 
 
@@ -247,7 +249,7 @@ def plugin_report(pm: PluginManager) -> dict[str, Any]:
         hooks = sorted({caller.name for caller in pm.pm.get_hookcallers(plugin) or []})
         registered = {kind: sorted(name for (k, name), owner in pm.registry.owners.items()
                                    if k == kind and owner == info.name)
-                      for kind in ("op", "device", "substrate", "backend", "hardware")}
+                      for kind in ("op", "device", "substrate", "backend", "hardware", "executor")}
         plugins.append({"name": info.name, "module": info.module, "source": info.source, "hooks": hooks,
                         "registered": {k: v for k, v in registered.items() if v}})
     return {"group": ENTRY_POINT_GROUP, "plugins": plugins,

@@ -1,4 +1,4 @@
-"""The registry handed to registration hooks: ops, devices, backends, substrates, hardware profiles."""
+"""The registry handed to registration hooks: ops, devices, backends, substrates, hardware profiles, executors."""
 from __future__ import annotations
 
 import difflib
@@ -16,13 +16,14 @@ from kbench.selection import BackendPattern
 if TYPE_CHECKING:
     from kbench.backends import Backend
     from kbench.devices import Device
+    from kbench.executors import ExecutorFactory
     from kbench.hardware import HardwareProfile
     from kbench.kernelfile import Substrate
     from kbench.ops import Op
 
 #: what plugins register, each with its ``add_<kind>`` method and its table (``registry.<kind>s``,
 #: ``registry.hardware``); ``owner(kind, name)`` says which plugin registered a name
-KINDS = ("op", "device", "backend", "substrate", "hardware")
+KINDS = ("op", "device", "backend", "substrate", "hardware", "executor")
 
 #: what a hardware profile describes (``HardwareProfile.kind``)
 HARDWARE_KINDS = ("gpu", "cpu", "accelerator")
@@ -44,6 +45,7 @@ class Registry:
     backends: dict[str, Backend] = field(default_factory=dict)
     substrates: dict[str, Substrate] = field(default_factory=dict)
     hardware: dict[str, HardwareProfile] = field(default_factory=dict)
+    executors: dict[str, ExecutorFactory] = field(default_factory=dict)
     owners: dict[tuple[str, str], str] = field(default_factory=dict)
     #: set by the plugin manager while a plugin's registration hook runs
     current_plugin: str = "<unknown>"
@@ -146,6 +148,12 @@ class Registry:
                                       "the TFLOP/s units of kbench/data/hardware.yaml with load_profiles)")
         self._add("hardware", self.hardware, profile.name, profile)
 
+    def add_executor(self, factory: ExecutorFactory) -> None:
+        """Register an executor (where ``kbench run --executor NAME`` runs its jobs): a
+        :class:`kbench.executors.ExecutorFactory` whose library is imported only by its ``create``."""
+        self._require("executor", factory, "kbench.executors", "ExecutorFactory")
+        self._add("executor", self.executors, factory.name, factory)
+
     def owner(self, kind: str, name: str) -> str:
         return self.owners.get((kind, name), "<unknown>")
 
@@ -163,6 +171,14 @@ class Registry:
         except KeyError:
             raise BadInput(f"unknown device {name!r}",
                            fix=f"use one of: {', '.join(sorted(self.devices))} or auto") from None
+
+    def executor(self, name: str) -> ExecutorFactory:
+        try:
+            return self.executors[name]
+        except KeyError:
+            raise BadInput(f"unknown executor {name!r}{_did_you_mean(name, self.executors)}", where="--executor",
+                           fix=f"use one of: {', '.join(sorted(self.executors))} (the ray executor is the "
+                               "kbench-ray plugin: pip install -e plugins/kbench-ray)") from None
 
     def resolve(self, name: str) -> Backend:
         """The backend called ``name``: a registered one, or ``base[key=value,...]`` configured.

@@ -31,14 +31,18 @@ from kbench.suite import MAX_CASES, DevicePlan, Suite, suite_from_data
 
 
 class Executor(Protocol):
+    """A plain executor: one record per call (see :mod:`kbench.executors` for the full API)."""
+
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]: ...
 
 
-def pick_device(pm: PluginManager, requested: str) -> str:
+def pick_device(pm: PluginManager, requested: str, *, here: bool = True) -> str:
+    """The device to run on; ``here=False`` (an executor that runs elsewhere): a named device need not be
+    usable on this host."""
     reg = pm.registry
     if requested != "auto":
         dev = reg.device(requested)
-        reason = dev.available()
+        reason = dev.available() if here else None
         if reason:
             raise BadInput(f"device {requested!r} is not available: {reason}", where="--device",
                            fix="use --device cpu, or --device auto to pick what is available")
@@ -113,6 +117,12 @@ class RunRequest:
     resumed_from: dict[str, Any] | None = None
     #: resume a file made on another machine or environment (recorded in the file's ``resumes``)
     allow_different_machine: bool = False
+    #: where the jobs run (a registered executor, kbench.executors) and its options
+    executor: str = "local"
+    #: device indices, one job at a time on each (``--devices 0,1``); None: one job at a time in all
+    devices: list[str] | None = None
+    executor_address: str | None = None
+    executor_settings: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,7 +155,13 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
         op = reg.op(req.suite.op)
     except BadInput as exc:
         raise BadInput(exc.message, file=req.suite.path, where=req.suite.where(("op",)), fix=exc.fix) from None
-    device_name = pick_device(pm, req.device)
+    factory = reg.executor(req.executor)
+    why = factory.available()
+    if why:
+        raise BadInput(f"executor {req.executor!r} cannot run here: {why}", where="--executor",
+                       fix="`kbench list` shows the executors and why each is unavailable")
+    factory.check(executor_options(req))
+    device_name = pick_device(pm, req.device, here=not factory.remote)
     device = reg.device(device_name)
     plan = req.suite.plan(device_name, op, max_cases=req.max_cases)
     patterns = req.backend_patterns or plan.backends
@@ -191,9 +207,10 @@ def integrity_settings(suite: Suite) -> IntegritySettings:
                        fix="see docs/integrity.md for the keys") from None
 
 
-def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
+def run_header(pm: PluginManager, planned: PlannedRun, executor=None) -> dict[str, Any]:
     """The result file's header; a resumed run keeps the original's (machine, environment, created...) and
-    adds an entry to its ``resumes`` list instead."""
+    adds an entry to its ``resumes`` list instead. ``executor``: recorded (name, slots, devices)."""
+    where = executor.describe() if executor is not None else None
     device = planned.ctx.device
     hw = planned.ctx.hardware
     req = planned.request
@@ -202,8 +219,10 @@ def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
         env_changes = environment_changes(original.get("environment") or {}, environment(pm))
         entry = {"time": _now(), "machine": device.machine_id(), "hostname": platform.node(),
                  "allowed_different_machine": req.allow_different_machine, "environment_changes": env_changes}
+        if where is not None:
+            entry["executor"] = where
         return {**original, "resumes": [*original.get("resumes", []), entry]}
-    return {
+    header = {
         "id": planned.output.stem,
         "machine": {"id": device.machine_id(), "hostname": platform.node(), **device.describe()},
         "hardware": hw.to_json() if hw else None,
@@ -215,6 +234,9 @@ def run_header(pm: PluginManager, planned: PlannedRun) -> dict[str, Any]:
                       "isolate": req.isolate, "case_timeout": req.case_timeout,
                       "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed, "max_cases": req.max_cases},
     }
+    if where is not None:
+        header["executor"] = where
+    return header
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -229,52 +251,84 @@ def _on_sigterm(signum, frame):
     raise RunInterrupted("terminated (SIGTERM)")
 
 
-def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | None = None,
+def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Callable | None = None,
               on_record: Callable[[dict[str, Any], int, int], None] | None = None,
               existing: Iterable[dict[str, Any]] = ()) -> ResultWriter:
     """Run every (case, backend) not already in ``existing``; append each record as it is made.
 
-    Without an ``executor``, work goes to a :class:`kbench.workers.WorkerPool`: untrusted backends in
-    sandboxed workers always, trusted ones in a worker unless ``planned.request.isolate`` is False.
-    Ctrl-C or SIGTERM finishes the file as interrupted and raises :class:`RunInterrupted`.
+    Without an ``executor``, the request's (``planned.request.executor``, default ``local``: a
+    :class:`kbench.workers.WorkerPool`, untrusted backends in sandboxed workers always, trusted ones in a
+    worker unless ``planned.request.isolate`` is False). An executor may finish jobs out of order
+    (several devices): records are written in the order of the work list all the same; a plain
+    ``callable(backend, case) -> record`` runs one job at a time in this thread.
+    Ctrl-C or SIGTERM cancels the jobs in flight, keeps every finished record, finishes the file as
+    interrupted and raises :class:`RunInterrupted`.
     """
+    from kbench.executors import Executor as ExecutorBase
+    from kbench.executors import InlineExecutor, Job
+
     existing = list(existing)
     done = {(r["case_id"], r["backend"]) for r in existing}
-    writer = ResultWriter(planned.output, run_header(pm, planned), existing)
-    pool = None
     todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
     if executor is None:
-        from kbench.workers import MAX_WORKERS, WorkerPool
-
-        untrusted = sum(not b.trusted for b in planned.backends)
-        pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout,
-                          allow_unsandboxed=planned.request.allow_unsandboxed,
-                          max_workers=min(MAX_WORKERS, max(8, untrusted + 1)))
-        executor = pool
-        if untrusted + 1 > pool.max_workers:
-            # more untrusted backends than live workers: case-major order would restart a worker per record,
-            # so each untrusted backend runs all its cases in a row (after the trusted ones)
-            order = {b.name: i for i, b in enumerate(planned.backends)}
-            todo.sort(key=lambda cb: (0, 0) if cb[1].trusted else (1, order[cb[1].name]))
+        ex = make_executor(pm, planned)
+    elif isinstance(executor, ExecutorBase):
+        ex = executor
+    else:
+        ex = InlineExecutor(executor)
+    try:
+        writer = ResultWriter(planned.output, run_header(pm, planned, ex), existing)
+    except BaseException:
+        ex.close()
+        raise
+    todo = ex.order(todo)
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    finished: dict[int, dict[str, Any]] = {}  # records that came back before an earlier job's
+    written = submitted = 0
+    window = max(64, 4 * ex.slots)  # jobs handed out ahead of the first unwritten one
     try:
-        for i, (case, backend) in enumerate(todo):
-            record = executor(backend, case)
-            _append(writer, record, backend, case, planned)
-            if on_record is not None:
-                on_record(record, i + 1, len(todo))
+        while written < len(todo):
+            while submitted < len(todo) and submitted - written < window:
+                case, backend = todo[submitted]
+                ex.submit(Job(submitted, case, backend))
+                submitted += 1
+            got = ex.next_done(0.2)
+            if got is None:
+                continue
+            finished[got[0].index] = got[1]
+            while written in finished:
+                case, backend = todo[written]
+                record = finished.pop(written)
+                _append(writer, record, backend, case, planned)
+                written += 1
+                if on_record is not None:
+                    on_record(record, written, len(todo))
     except KeyboardInterrupt as exc:
         how = exc.how if isinstance(exc, RunInterrupted) else "interrupted by the user (Ctrl-C)"
+        ex.cancel()
+        for index in sorted(finished):  # measured already: kept, so a resume does not run them again
+            _append(writer, finished[index], todo[index][1], todo[index][0], planned)
         writer.finish(interrupted=how, extra=_secret_record(writer, planned))
         raise exc if isinstance(exc, RunInterrupted) else RunInterrupted(how) from None
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
-        if pool is not None:
-            pool.close()
+        ex.close()
     writer.finish(extra=_secret_record(writer, planned))
     return writer
+
+
+def make_executor(pm: PluginManager, planned: PlannedRun):
+    """The executor the request names (``local`` by default), made by its registered factory."""
+    req = planned.request
+    return pm.registry.executor(req.executor).create(pm, planned, executor_options(req))
+
+
+def executor_options(req: RunRequest):
+    from kbench.executors import ExecutorOptions
+
+    return ExecutorOptions(devices=req.devices, address=req.executor_address, settings=dict(req.executor_settings))
 
 
 def _secret_record(writer: ResultWriter, planned: PlannedRun) -> dict[str, Any]:

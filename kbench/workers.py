@@ -213,6 +213,8 @@ class WorkerSetup:
     bwrap: bool = False
     #: install the audit hook (kbench.guard) before candidate code loads: every untrusted worker
     guard: bool = False
+    #: environment pinning the worker to its device, e.g. (("CUDA_VISIBLE_DEVICES", "1"),) (kbench.executors)
+    device_env: tuple = ()
 
 
 def _die_with_parent() -> None:
@@ -448,6 +450,7 @@ class Worker:
         setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch})
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)
+        env.update(dict(setup.device_env))
         argv = [sys.executable, "-m", "kbench.workers", str(child_sock.fileno())]
         popen: type[subprocess.Popen] = subprocess.Popen
         if setup.bwrap:
@@ -605,6 +608,10 @@ class WorkerPool:
     workers: OrderedDict = field(default_factory=OrderedDict)
     #: run untrusted backends without bubblewrap where it does not work here (recorded in the result)
     allow_unsandboxed: bool = False
+    #: environment of every worker of this pool, pinning it to one device (kbench.executors)
+    device_env: dict = field(default_factory=dict)
+    #: pools measuring at the same time on this host (kbench.executors): they share its memory
+    concurrent: int = 1
 
     @property
     def timeout(self) -> float:
@@ -622,7 +629,8 @@ class WorkerPool:
         return WorkerSetup(plugins=self.plugins(), device=self.ctx.device.name, op=self.ctx.op.name,
                            check=self.ctx.check, timing=self.ctx.timing, hardware=self.ctx.hardware, integrity=integ,
                            sandbox=sandbox, memory_limit=self.memory_limit(),
-                           file_size_limit=integ.file_size_limit if sandbox else None, bwrap=bwrap, guard=sandbox)
+                           file_size_limit=integ.file_size_limit if sandbox else None, bwrap=bwrap, guard=sandbox,
+                           device_env=tuple(sorted(self.device_env.items())))
 
     def memory_limit(self) -> int | None:
         """RLIMIT_AS of each worker: the suite's ``integrity.memory_limit``, else RAM shared by the live
@@ -633,7 +641,8 @@ class WorkerPool:
             return int(self.ctx.integrity.memory_limit)
         if self.ctx.device.name != "cpu":
             return None
-        return memory_limit(total_memory(), self.max_workers)
+        total = total_memory()
+        return memory_limit(total // self.concurrent if total else total, self.max_workers)
 
     def _refusal(self, backend: Backend, case: Case) -> dict[str, Any] | None:
         """The record of work refused before it starts: untrusted code with no sandbox (``cause``:

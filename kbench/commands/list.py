@@ -1,5 +1,6 @@
-"""``kbench list``: plugins, ops, devices, backends and hardware profiles, each with availability,
-and whether untrusted code can be sandboxed here (docs/sandbox.md)."""
+"""``kbench list``: plugins, ops, devices, backends, hardware profiles and executors, each with availability
+(an executor that needs a cluster also says whether one is reachable, docs/scale-out.md), and whether
+untrusted code can be sandboxed here (docs/sandbox.md)."""
 from __future__ import annotations
 
 import click
@@ -13,6 +14,18 @@ def _avail(obj) -> str:
     except Exception as exc:  # noqa: BLE001 - a plugin's availability check must not end the listing
         return f"error: {type(exc).__name__}: {exc}"
     return "available" if not reason else f"unavailable: {reason}"
+
+
+def _executor_status(factory) -> str:
+    """``available`` / ``unavailable: why``, and what its ``status()`` adds (a cluster it cannot reach...)."""
+    status = _avail(factory)
+    if status != "available":
+        return status
+    try:
+        note = factory.status()
+    except Exception as exc:  # noqa: BLE001 - as for availability
+        note = f"status check failed: {type(exc).__name__}: {exc}"
+    return f"available; {note}" if note else status
 
 
 @click.command("list")
@@ -43,6 +56,9 @@ def list_command(pm, fmt, plugins_only):
                         for s in reg.substrates.values()]),
         "hardware": (("profile", "title", "plugin", "source"),
                      [(h.name, h.title, reg.owner("hardware", h.name), h.source) for h in reg.hardware.values()]),
+        "executors": (("executor", "plugin", "status", "description"),
+                      [(e.name, reg.owner("executor", e.name), _executor_status(e), e.description)
+                       for e in reg.executors.values()]),
     }
     from kbench.sandbox import UNSANDBOXED_FIX, probe
 

@@ -41,13 +41,23 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--allow-unsandboxed", is_flag=True,
               help="Where the OS sandbox does not work (no user namespaces: gVisor, some containers), run untrusted "
                    "backends without it (weaker isolation; recorded in the result file). See docs/sandbox.md.")
+@click.option("--executor", default="local", show_default=True, metavar="NAME",
+              help="Where the jobs run: local (this host), or a plugin's (ray). `kbench list` shows them. "
+                   "See docs/scale-out.md.")
+@click.option("--devices", metavar="0,1,...",
+              help="Device indices: one job at a time on each, in parallel (local: one worker pool per GPU pinned "
+                   "with CUDA_VISIBLE_DEVICES; on the CPU, independent slots). Default: one job at a time.")
+@click.option("--address", metavar="ADDR", help="The cluster to run on (--executor ray: ray://host:10001, "
+                                                 "host:6379 or auto); default: start a local one.")
+@click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
+              help="An executor setting, e.g. resource=gpu_slot or slots=4 for ray (docs/scale-out.md); repeatable.")
 @click.option("--progress/--no-progress", default=None, help="Progress display (default: when stderr is a terminal).")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
               show_default=True, help="Format of the table printed at the end.")
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
                 allow_unsandboxed,
-                max_cases, force, allow_different_machine, progress, fmt):
+                max_cases, force, allow_different_machine, executor, devices, address, executor_opts, progress, fmt):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
@@ -63,7 +73,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     if resume is not None:
         if suite is not None or backends or keyword or output or force:
             raise BadInput("--resume takes the suite, selection and output from the result file", where="--resume",
-                           fix="give only --resume RESULT (plus --case-timeout or --no-isolate if wanted)")
+                           fix="give only --resume RESULT (plus --case-timeout, --no-isolate, --executor or --devices if wanted)")
         req, existing = resume_request(pm, resume, allow_different_machine=allow_different_machine)
         req.isolate = req.isolate and isolate
         req.case_timeout = case_timeout or req.case_timeout
@@ -77,6 +87,10 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                          isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files,
                          allow_unsandboxed=allow_unsandboxed,
                          max_cases=max_cases, force=force)
+    from kbench.executors import parse_devices
+
+    req.executor, req.devices, req.executor_address = executor, parse_devices(devices), address
+    req.executor_settings = _executor_settings(executor_opts)
     planned = plan_run(pm, req)
     work = planned.work()
     done = {(r["case_id"], r["backend"]) for r in existing}
@@ -100,6 +114,19 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     if hint:
         click.echo(hint, err=True)
     sys.exit(exit_code(writer.records))
+
+
+def _executor_settings(opts) -> dict[str, str]:
+    from kbench.errors import BadInput
+
+    settings = {}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--executor-opt {opt!r} is not KEY=VALUE", where="--executor-opt",
+                           fix="e.g. --executor-opt resource=gpu_slot")
+        settings[key.strip()] = value.strip()
+    return settings
 
 
 def _run_with_progress(pm, planned, total, existing=()):

@@ -1,0 +1,1 @@
+"""kbench-ray: ``kbench run SUITE --executor ray [--address ADDR]`` (docs/scale-out.md)."""

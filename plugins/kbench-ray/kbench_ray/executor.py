@@ -1,0 +1,183 @@
+"""The Ray executor proper (imports ray: loaded only by ``RayExecutorFactory.create``).
+
+One slot per device of the cluster: a Ray actor that asks for one device (``num_gpus=1``, or one unit of
+a custom resource such as ``kdev``; ``num_cpus=1`` on a CPU cluster) and hosts a
+:class:`kbench.api.executor_kit.NodeRunner`: the judge and a WorkerPool on that device, so candidate code
+runs in the node's own sandboxed workers, exactly as locally. A slot runs one job at a time; Ray never
+places two such actors on one device. The parent keeps the run's secret: a job carries its case's
+derived input key only.
+
+Faults: an actor or node lost under a job (killed, out of memory, node gone) is :class:`SlotLost`:
+the slot gets a fresh actor and the job is retried once, on another slot when one is live; a job
+that outlasts :func:`kbench.api.executor_kit.job_timeout` counts as lost too (the run never hangs).
+Ctrl-C kills every actor (their workers die with them).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+import ray
+import ray.exceptions as rex
+
+from kbench.api import BadInput, Status
+from kbench.api import executor_kit as kx
+from kbench_ray.settings import check_settings
+
+#: what losing an actor or its node raises
+LOST = (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError, rex.ObjectLostError)
+#: seconds between checks for Ctrl-C while a job runs
+POLL = 0.25
+
+
+class Node:
+    """The Ray actor of one slot (decorated with ``ray.remote`` when a run starts)."""
+
+    def __init__(self, setup, slot: int) -> None:
+        self.runner = kx.NodeRunner(setup, executor="ray", slot=slot)
+        self.runner.where["node"] = ray.get_runtime_context().get_node_id()
+
+    def where(self) -> dict[str, Any]:
+        return dict(self.runner.where)
+
+    def run(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self.runner.run(payload)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _bad(message: str, fix: str, where: str = "--executor-opt") -> BadInput:
+    return BadInput(message, where=where, fix=fix)
+
+
+class RayExecutor(kx.SlotExecutor):
+    name = "ray"
+
+    def __init__(self, pm, planned, options) -> None:
+        check_settings(options)
+        settings = dict(options.settings)
+        self.pm, self.planned = pm, planned
+        self.started_ray = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=options.address, include_dashboard=False, log_to_driver=False,
+                         logging_level="warning")
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+                raise _bad(f"cannot reach the Ray cluster at {options.address or os.environ.get('RAY_ADDRESS')}: "
+                           f"{exc}", "check the address (ray status on the head node), or leave out --address "
+                           "to start a local cluster", where="--address") from None
+            self.started_ray = True
+        try:
+            self._configure(settings)
+        except BaseException:
+            self.close_ray()
+            raise
+        super().__init__(self.slots)
+        self.actors: list[Any] = [None] * self.slots
+        self.start()
+
+    def _configure(self, settings: dict[str, str]) -> None:
+        device = self.planned.ctx.device.name
+        self.resource = settings.get("resource") or ("CPU" if device == "cpu" else "GPU")
+        have = ray.cluster_resources()
+        total = int(have.get(self.resource, 0))
+        if total < 1:
+            listed = ", ".join(f"{k}={v:g}" for k, v in sorted(have.items()) if not k.startswith("node:")
+                               and "memory" not in k)
+            raise _bad(f"the Ray cluster has no {self.resource!r} resource (it has {listed})",
+                       "start nodes with it, or name another with --executor-opt resource=NAME")
+        slots = int(float(settings.get("slots") or total))
+        self.job_timeout = float(settings.get("job_timeout") or kx.job_timeout(self.planned))
+        if slots > total:
+            raise _bad(f"slots={slots} but the cluster has {total} {self.resource!r}",
+                       f"at most --executor-opt slots={total}: never two timed jobs on one device")
+        self.slots = slots
+        if self.resource == "GPU":
+            self.options = {"num_gpus": 1, "num_cpus": 0}
+        elif self.resource == "CPU":
+            self.options = {"num_cpus": 1}
+        else:
+            self.options = {"resources": {self.resource: 1}, "num_cpus": 0}
+        self.setup = kx.node_setup(self.pm, self.planned, concurrent=slots)
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    def _actor(self, slot: int):
+        if self.actors[slot] is None:
+            remote = ray.remote(max_restarts=0, max_task_retries=0)(Node)
+            self.actors[slot] = remote.options(**self.options).remote(self.setup, slot)
+        return self.actors[slot]
+
+    def _wait(self, ref, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            if self.cancelled.is_set():
+                return False
+            ready, _ = ray.wait([ref], timeout=POLL)
+            if ready:
+                return True
+        return False
+
+    def run_on(self, slot: int, job) -> dict[str, Any]:
+        payload = kx.node_payload(self.pm, self.planned, job)
+        if payload is None:
+            return kx.unsendable(self.planned, job)
+        actor = self._actor(slot)
+        ref = actor.run.remote(payload)
+        where = {"executor": "ray", "slot": slot, "host": "?", "device": self.planned.ctx.device.name}
+        if not self._wait(ref, time.monotonic() + self.job_timeout):
+            status = Status.TIMEOUT.value
+            reason = (f"the job's Ray actor (slot {slot}) did not answer within {self.job_timeout:g} s "
+                      "(node hung or unreachable); it was killed")
+            raise kx.SlotLost(reason, kx.job_record(self.planned, job, status, reason, cause="infrastructure",
+                                                   placement=where))
+        try:
+            return ray.get(ref)
+        except LOST as exc:
+            reason = f"the job's Ray actor (slot {slot}) was lost: {_first_line(exc)}"
+            raise kx.SlotLost(reason, kx.job_record(self.planned, job, Status.CRASHED.value, reason,
+                                                   cause="infrastructure", placement=where)) from None
+        except rex.RayTaskError as exc:  # kbench's node code raised: a record, the slot is fine
+            return kx.job_record(self.planned, job, Status.ERROR.value,
+                                 f"the Ray node failed: {_first_line(exc)}", cause="infrastructure",
+                                 placement=where)
+
+    def replace(self, slot: int) -> None:
+        actor, self.actors[slot] = self.actors[slot], None
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def interrupt(self) -> None:
+        for slot in range(self.slots):
+            self.replace(slot)
+
+    def close(self) -> None:
+        super().close()
+        for slot, actor in enumerate(self.actors):
+            if actor is not None:
+                try:
+                    ray.get(actor.close.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - lost or hung: killed below
+                    pass
+                self.replace(slot)
+        self.close_ray()
+
+    def close_ray(self) -> None:
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "slots": self.slots, "resource": self.resource,
+                "driver": platform.node()}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:500]

@@ -1,0 +1,96 @@
+"""The ``ray`` executor: each job on a Ray actor holding one device, the judge and sandboxed workers inside.
+
+Ray is imported only when a run uses this executor: ``kbench list`` and ``kbench run`` with the default
+executor never import it. See docs/scale-out.md for what runs where and what travels over the wire.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import os
+import socket
+from pathlib import Path
+
+from kbench.api import BadInput, hookimpl
+from kbench.api import executor_kit as kx
+
+#: the Ray release this plugin is tested with (pinned in its dependencies and requirements.txt)
+RAY_VERSION = "2.60.0"
+#: where ``ray start --head`` on this host writes the address of its cluster
+CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")
+#: seconds a TCP probe of a cluster's address may take (``kbench list``)
+PROBE_TIMEOUT = 2.0
+
+
+def ray_missing() -> str | None:
+    if importlib.util.find_spec("ray") is None:
+        return f"ray is not installed (pip install 'ray=={RAY_VERSION}', or pip install -e plugins/kbench-ray)"
+    return None
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``ray://host:10001`` or ``host:6379`` -> (host, port); None when it names no port."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def cluster_note(address: str | None) -> str:
+    """Where ``--executor ray`` would run, and whether that cluster answers (a TCP probe; Ray is not imported)."""
+    source = "--address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address in (None, "auto"):
+        try:
+            found = CURRENT_CLUSTER_FILE.read_text().strip()
+        except OSError:
+            found = ""
+        if not found:
+            if address == "auto":
+                return ("no cluster running on this host (no `ray start --head`: nothing in "
+                        f"{CURRENT_CLUSTER_FILE}): start one, or give --address HOST:PORT")
+            return ("no cluster running (RAY_ADDRESS unset, no `ray start --head` on this host): a run with "
+                    "--executor ray starts a local one for itself; --address HOST:PORT joins a running one")
+        address, source = found, f"{CURRENT_CLUSTER_FILE}"
+    where = split_address(address)
+    if where is None:
+        return f"cannot tell where {address!r} (from {source}) is: give HOST:PORT or ray://HOST:PORT"
+    try:
+        with socket.create_connection(where, timeout=PROBE_TIMEOUT):
+            pass
+    except OSError as exc:
+        return f"cluster at {address} (from {source}) is not reachable: {exc.strerror or exc}"
+    return f"cluster at {address} (from {source}) answers"
+
+
+class RayExecutorFactory(kx.ExecutorFactory):
+    name = "ray"
+    description = "a Ray cluster: one actor per device, the judge and sandboxed workers inside it"
+    remote = True
+
+    def available(self) -> str | None:
+        return ray_missing()
+
+    def status(self, options=None) -> str | None:
+        try:
+            version = md.version("ray")
+        except md.PackageNotFoundError:
+            version = "?"
+        return f"ray {version}; " + cluster_note(options.address if options else None)
+
+    def check(self, options) -> None:
+        from kbench_ray.settings import check_settings
+
+        check_settings(options)
+
+    def create(self, pm, planned, options):
+        from kbench_ray.executor import RayExecutor
+
+        return RayExecutor(pm, planned, options)
+
+
+@hookimpl
+def kbench_register_executors(registry) -> None:
+    registry.add_executor(RayExecutorFactory())

@@ -1,0 +1,142 @@
+"""The ray executor on a real local Ray cluster (2 CPUs, a custom resource ``kdev`` standing in for 2 GPUs)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ray = pytest.importorskip("ray")
+
+from kbench.cli import cli  # noqa: E402
+from kbench.plugins import get_plugin_manager  # noqa: E402
+from kbench.results import load_result  # noqa: E402
+from kbench.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite  # noqa: E402
+from kbench.suite import load_suite  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+SMOKE = str(ROOT / "suites/smoke.yaml")
+RAY = ["--executor", "ray", "--executor-opt", "resource=kdev"]
+
+#: an untrusted kernel file: travels to the node as text, runs in the node's sandboxed worker
+KERNEL = '''
+import numpy as np
+from kbench.builtin.numpy_backends import attention_numpy
+
+NAME = "file:honest"
+
+
+def attention(q, k, v, out, *, causal, scale):
+    attention_numpy(q, k, v, out, causal=causal, scale=scale)
+'''
+
+#: a trusted kernel file whose first call kills the process that hosts its worker (the Ray actor)
+KILLER = '''
+import os
+import signal
+from kbench.builtin.numpy_backends import attention_numpy
+
+NAME = "file:killer"
+MARK = {mark!r}
+
+
+def attention(q, k, v, out, *, causal, scale):
+    if not os.path.exists(MARK):
+        open(MARK, "w").close()
+        os.kill(os.getppid(), signal.SIGKILL)
+    attention_numpy(q, k, v, out, causal=causal, scale=scale)
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, resources={"kdev": 2}, include_dashboard=False, log_to_driver=False,
+             logging_level="warning")
+    yield
+    ray.shutdown()
+
+
+def run_cli(*args):
+    res = CliRunner().invoke(cli, ["run", *args, "--no-progress"])
+    assert res.exit_code in (0, 1), res.output
+    return res
+
+
+def triples(path):
+    return sorted((r["case_id"], r["backend"], r["status"]) for r in load_result(path)["records"])
+
+
+def test_ray_gives_the_same_records_as_local(cluster, tmp_path):
+    kernel = tmp_path / "honest.py"
+    kernel.write_text(textwrap.dedent(KERNEL))
+    common = [SMOKE, "-b", "numpy", "-b", str(kernel), "-k", "d=32 and noncausal and sq=64"]
+    run_cli(*common, "-o", str(tmp_path / "local.json"))
+    run_cli(*common, "-o", str(tmp_path / "ray.json"), *RAY)
+    local, remote = triples(tmp_path / "local.json"), triples(tmp_path / "ray.json")
+    assert remote == local and {s for *_, s in local} == {"passed"} and len(local) == 4
+    data = load_result(tmp_path / "ray.json")
+    assert data["executor"]["name"] == "ray" and data["executor"]["resource"] == "kdev"
+    where = [r["placement"] for r in data["records"]]
+    assert {p["executor"] for p in where} == {"ray"} and {p["slot"] for p in where} <= {0, 1}
+    assert all(p["node"] and p["profile"] == "cpu" and p["inputs"] == "per-case key" for p in where)
+    files = [r for r in data["records"] if r["backend"] == "file:honest"]
+    assert all(r["worker"]["sandbox"] for r in files)  # the node ran the kernel file in its sandbox
+
+
+@pytest.mark.slow
+def test_a_killed_ray_worker_gives_a_record_and_a_retry_elsewhere(cluster, tmp_path):
+    kernel = tmp_path / "killer.py"
+    kernel.write_text(textwrap.dedent(KILLER.format(mark=str(tmp_path / "killed-once"))))
+    out = tmp_path / "r.json"
+    run_cli(SMOKE, "-b", str(kernel), "--trust-kernel-files", "-k", "d=32 and noncausal and sq=64 and hkv=4",
+            "-o", str(out), *RAY)
+    (rec,) = load_result(out)["records"]
+    assert rec["status"] == "passed"
+    (lost,) = rec["attempts"]
+    assert lost["status"] == "crashed" and "Ray actor (slot" in lost["reason"] and "was lost" in lost["reason"]
+    assert lost["placement"]["slot"] != rec["placement"]["slot"]  # retried on the other slot
+
+
+@pytest.mark.slow
+def test_resume_after_ctrl_c_with_ray(cluster, tmp_path):
+    pm = get_plugin_manager()
+    req = RunRequest(suite=load_suite(SMOKE), device="cpu", backend_patterns=["numpy"], keyword="d=32",
+                     output=tmp_path / "r.json", executor="ray", executor_settings={"resource": "kdev"})
+    planned = plan_run(pm, req)
+
+    def stop(rec, i, n):
+        if i == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(RunInterrupted):
+        run_suite(pm, planned, on_record=stop)
+    part = load_result(planned.output)
+    assert part["interrupted"] and 1 <= len(part["records"]) < len(planned.work())
+    req, existing = resume_request(pm, planned.output)
+    req.executor, req.executor_settings = "ray", {"resource": "kdev"}
+    full = run_suite(pm, plan_run(pm, req), existing=existing).records
+    assert sorted(r["case_id"] for r in full) == sorted(c.id for c, _ in planned.work())
+    assert {r["status"] for r in full} == {"passed"}
+
+
+def test_list_says_why_a_cluster_is_unreachable_without_importing_ray(tmp_path):
+    code = ("import sys\nfrom kbench.cli import cli\ncli(['list', '--format', 'json'], standalone_mode=False)\n"
+            "print('RAY', 'ray' in sys.modules)")
+    env = {**__import__("os").environ, "RAY_ADDRESS": "127.0.0.1:9"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.strip().endswith("RAY False"), out.stderr
+    listing = json.loads(out.stdout.rsplit("RAY", 1)[0])
+    (row,) = [e for e in listing["executors"] if e["executor"] == "ray"]
+    assert row["status"].startswith("available; ray 2.60.0; cluster at 127.0.0.1:9 (from RAY_ADDRESS) is not "
+                                    "reachable: Connection refused"), row
+
+
+def test_bad_address_is_a_clean_message(tmp_path):
+    from kbench_ray.plugin import cluster_note, split_address
+
+    assert split_address("ray://head:10001") == ("head", 10001) and split_address("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    assert "cannot tell where" in cluster_note("nohostport")

@@ -239,7 +239,7 @@ ODD_BACKEND = BACKEND_PLUGIN.replace('name = "{name}"', 'name = "odd"\n        {
 
 @pytest.mark.parametrize("attrs, message", [
     ('op = "attenton"', "plugin 'kbtest_odd', backend 'odd': unknown op 'attenton' \\(did you mean 'attention'\\?\\)"
-                        ".*fix: set `op` to one of: attention, decode_attention"),
+                        ".*fix: set `op` to one of: attention, attention_varlen, decode_attention"),
     ('device = "CPU"', "plugin 'kbtest_odd', backend 'odd': device 'CPU' is not a device name \\(did you mean "
                        "'cpu'\\?\\).*fix: device names are lowercase; known devices: cpu"),
     ("def supports(self, case) -> bool:\n            return True",

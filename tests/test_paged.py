@@ -57,6 +57,8 @@ def test_contiguous_ids_unchanged_and_paged_ids_say_the_page():
     assert OP.required_features(OP.make_case({"seqlen_kv": 100, "heads": 4, "head_dim": 8})) == frozenset()
     with pytest.raises(CaseError, match="page_size > 0"):
         OP.make_case({"seqlen_kv": 100, "heads": 4, "head_dim": 8, "pool_factor": 3})
+    with pytest.raises(CaseError, match="no FP8 cache"):
+        paged(dtype="fp8_e4m3")
 
 
 def test_bytes_count_the_batch_pages_and_the_table_not_the_pool():
@@ -203,3 +205,24 @@ def test_gpu_paged_backends(pm, backend, page):
         assert rec["status"] in ("passed", "skipped"), rec.get("reason")   # FA2 builds refuse pages of 16
     else:
         assert rec["status"] == "passed", rec.get("reason")
+
+
+def test_torch_gather_matches_the_op_gather():
+    import torch
+
+    from kbench_torch.paged import gather_pages
+
+    c = paged(seqlen_kv=37, page_size=8, pool_factor=3)
+    x = OP.make_inputs(c, 11)
+    k, _ = OP.gather_pages(c, x)
+    got = gather_pages(torch.from_numpy(x["k_pages"]), torch.from_numpy(x["block_table"]), 37)
+    np.testing.assert_array_equal(got.numpy(), k)
+
+
+def test_flashinfer_decode_refuses_what_its_batch_decode_cannot_do(pm):
+    b = pm.registry.backends["flashinfer-decode"]
+    assert "paged cache" in b.supports(paged(page_size=0, pool_factor=2, seqlen_q=1))
+    assert "one query token" in b.supports(paged(seqlen_q=4, dtype="bf16"))
+    assert "fp16/bf16" in b.supports(paged(seqlen_q=1))
+    assert b.supports(paged(seqlen_q=1, dtype="bf16")) is None
+    assert b.features == {"paged"} and pm.registry.backends["flash-attn-decode"].features == {"paged"}

@@ -67,6 +67,9 @@ class DecodeAttentionOp(Op):
                             "the new tokens too")
         if params["heads_q"] % params["heads_kv"]:
             raise CaseError(f"heads_q={params['heads_q']} is not a multiple of heads_kv={params['heads_kv']}")
+        if params["dtype"] == "fp8_e4m3":
+            raise CaseError("dtype fp8_e4m3: decode attention has no FP8 cache yet (the attention op takes FP8 "
+                            "with per-tensor scales); use bf16 or fp16")
         if not params["page_size"] and params["pool_factor"] != POOL_FACTOR:
             raise CaseError(f"pool_factor={params['pool_factor']} without a paged cache: set page_size > 0 "
                             "(or drop pool_factor)")

@@ -124,6 +124,7 @@ class FlashAttentionDecode(FlashAttention):
 
     def __init__(self, name: str, module: str, title: str, *, table_arg: str, **kw) -> None:
         super().__init__(name, module, title, **kw)
+        self.features = PAGED  # not the attention op's training features of the base class
         self.table_arg = table_arg
         self.description = (f"{title} through `{module}.flash_attn_with_kvcache` (`{table_arg}=` for a paged "
                             "cache), bottom-right causal, native GQA")
@@ -217,12 +218,11 @@ class FlashInferDecode(Backend):
         import torch
 
         from kbench.api import oom_as_memory_error, torch_dtype
-        from kbench.ops.decode import DecodeAttentionOp
         from kbench_torch.common import torch_device
 
         p, dev, dtype = case.params, torch_device(), case.dtype
-        pps = DecodeAttentionOp.pages_per_seq(case)
         b, page = p["batch"], p["page_size"]
+        pps = -(-p["seqlen_kv"] // page)  # pages per sequence
         i32 = dict(dtype=torch.int32, device=dev)
         indptr = torch.arange(b + 1, **i32) * pps
         indices = torch.zeros(b * pps, **i32)

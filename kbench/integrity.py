@@ -59,7 +59,7 @@ FORBIDDEN_OPS: tuple[str, ...] = ("aten.*scaled_dot_product*", "aten.*flash_atte
                                   "aten._native_multi_head_attention*")
 
 #: module globals a kernel file may define as mutable containers (metadata, not state)
-ALLOWED_MODULE_CONTAINERS = frozenset({"TUNABLES", "__all__"})
+ALLOWED_MODULE_CONTAINERS = frozenset({"TUNABLES", "FEATURES", "__all__"})
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 

@@ -215,3 +215,12 @@ def test_large_cases_check_a_budgeted_set_of_kv_heads(kbench_case, monkeypatch):
     monkeypatch.setattr(attention_mod, "LARGE_REFERENCE_FLOPS", per_pair / 2)
     assert len(op.sample_rows(case, 64, rng).pairs) == 1      # a correctness check: at least one
     assert op.sample_rows(case, 32, rng).pairs == ()         # a timed check that cannot afford one: none
+
+
+def test_features_list_passes_the_static_checks_a_cache_does_not():
+    from kbench.integrity import IntegritySettings, static_check
+
+    clean = "FEATURES = ['bwd', 'fwd_bwd']\nTUNABLES = {}\ndef attention(q, k, v, out, *, causal, scale):\n    pass\n"
+    assert static_check(clean, IntegritySettings()) == []
+    found = static_check(clean.replace("FEATURES", "SAVED"), IntegritySettings())
+    assert [v.rule for v in found] == ["forbid_module_state"]

@@ -170,9 +170,15 @@ class Record:
         """The settings the backend ran with (``backend_info.tunables``); {} for a backend without tunables."""
         return dict((self.backend_info or {}).get("tunables") or {})
 
-    def telemetry_item(self, name: str) -> Any:
-        """One entry of the device telemetry (``energy``, ``after``, ``throttled_samples``, ...) or None."""
-        return (self.telemetry or {}).get(name)
+    def telemetry_item(self, *path: str) -> Any:
+        """An entry of the device telemetry (``"energy"``, ``"throttled_samples"``, ``"after", "power_limit_w"``,
+        ...), or None where the path ends early."""
+        value: Any = self.telemetry
+        for name in path:
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(name)
+        return value
 
     @property
     def energy(self) -> dict[str, Any]:

@@ -136,7 +136,10 @@ def test_energy_and_telemetry_accessors():
     rec["telemetry"] = {"energy": {"average_w": 150.0, "joules_per_call": 1.5}, "throttled_samples": [1]}
     r = Record.from_json(rec)
     assert r.energy["joules_per_call"] == 1.5 and r.telemetry_item("throttled_samples") == [1]
-    assert r.telemetry_item("after") is None
+    assert r.telemetry_item("after") is None and r.telemetry_item("after", "power_limit_w") is None
+    r.telemetry["after"] = {"power_limit_w": 700.0}
+    assert r.telemetry_item("after", "power_limit_w") == 700.0
+    assert r.telemetry_item("throttled_samples", "x") is None   # a list on the way: no such entry
 
 
 def test_with_samples_copies_and_leaves_the_original_alone():

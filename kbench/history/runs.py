@@ -121,7 +121,7 @@ def reduce_result(path: Path, data: Mapping[str, Any]) -> Run:
         if rec.status is not Status.PASSED or not rec.median:
             continue
         median = float(rec.median)
-        points.append(Point(rec.op, rec.case_id, dict(rec.case or {}), rec.backend, median,
+        points.append(Point(rec.op, rec.case_id, dict(rec.case), rec.backend, median,
                             float(rec.stat("ci_low") or median), float(rec.stat("ci_high") or median),
                             int(rec.stat("n") or 0), float(rec.stat("min") or median)))
     return Run(path=path, id=str(data.get("id") or path.stem), machine_id=str(data["machine"]["id"]),

@@ -105,7 +105,7 @@ def rates_from_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> Meas
             if rec.op == "decode_attention" and case.get("seqlen_q", 1) != 1:
                 continue  # a decode step generates one token per request; multi-token (speculative) steps differ
             shape = (_group(case), int(case.get("head_dim", 0) or 0), bool(case.get("causal", True)),
-                     str(case.get("dtype", "")))
+                     rec.dtype.value if rec.dtype is not None else "")
             slot = (name, component, shape)
             point = Point(int(case[key]), float(value) * scale, rec.backend, rec.case_id)
             per_len = best.setdefault(slot, {})

@@ -214,7 +214,7 @@ def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | No
         return None
     fig = _new_figure(9, 5.2)
     ax = fig.subplots()
-    dtypes = sorted({str(r["rec"].case.get("dtype", "")) for r in rows})
+    dtypes = sorted({r["rec"].dtype.value for r in rows if r["rec"].dtype is not None})
     xs = [r["rec"].intensity for r in rows]
     ys = [r["rec"].tflops for r in rows]
     roofs = roofs_of(hardware, dtypes)

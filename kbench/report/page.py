@@ -120,7 +120,7 @@ def energy_tables(runs) -> list[tuple[str, str, str]]:
         rows = []
         for r in recs:
             energy = r.energy
-            limit = (r.telemetry_item("after") or {}).get("power_limit_w")
+            limit = r.telemetry_item("after", "power_limit_w")
             rows.append([r.case_id, r.backend, fmt_num(r.tflops), *energy_row(r),
                          fmt_pct(energy.get("kernel_fraction")), fmt_num(limit),
                          len(r.telemetry_item("throttled_samples") or []), energy.get("source", "")])

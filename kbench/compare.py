@@ -200,7 +200,19 @@ def compare_pair(pair: Pair, settings: Settings) -> Pair:
         else:
             pair.note = "; ".join(f"{side}: {r.status_text}" for side, r in (("base", pair.base), ("new", pair.new))
                                   if not _passed(r))
+    changed = settings_changed(pair.base, pair.new)
+    if changed:
+        pair.note = "; ".join(n for n in (pair.note, changed) if n)
     return pair
+
+
+def settings_changed(base: Record | None, new: Record | None) -> str:
+    """The tunables that differ between two records of one backend name (a changed default), or ""."""
+    if base is None or new is None or not (base.tunables and new.tunables) or base.tunables == new.tunables:
+        return ""
+    names = sorted(set(base.tunables) | set(new.tunables))
+    return "settings differ: " + ", ".join(f"{n} {base.tunables.get(n, '-')} -> {new.tunables.get(n, '-')}"
+                                           for n in names if base.tunables.get(n) != new.tunables.get(n))
 
 
 def machine_mismatch(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

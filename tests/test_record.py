@@ -174,6 +174,18 @@ def test_compare_takes_records_or_json_objects_alike():
     assert as_dicts[1].note == "was error: boom" and as_dicts[1].to_json()["base_status"] == "error"
 
 
+def test_a_pair_whose_settings_differ_says_so():
+    def with_tunables(rec, **tunables):
+        return {**rec, "backend_info": {"tunables": tunables}}
+    samples = lognormal(1e-4, 0.01, 50, seed=8)
+    base = result([with_tunables(record("numpy-flash", SMALL, samples), block_q=128, block_k=128)], name="s")
+    new = result([with_tunables(record("numpy-flash", SMALL, samples), block_q=64, block_k=128)], name="s")
+    same = result([with_tunables(record("numpy-flash", SMALL, samples), block_q=128, block_k=128)], name="s")
+    [pair] = compare_runs(base, new)
+    assert pair.change is Change.SAME and pair.note == "settings differ: block_q 128 -> 64"
+    assert compare_runs(base, same)[0].note == ""
+
+
 def test_show_json_gives_back_the_records_of_the_file():
     out = CliRunner().invoke(cli, ["show", str(DECODE), "--format", "json"])
     assert out.exit_code == 0, out.output

@@ -11,7 +11,7 @@ from kbench.kernelfile import KernelFileBackend
 MANUAL = '''
 import torch
 SUBSTRATE = "torch"
-FEATURES = ("bwd", "fwd_bwd")  # a tuple: the integrity check refuses mutable module state
+FEATURES = ["bwd", "fwd_bwd"]
 
 
 def _heads(q, k, v, causal, scale):

@@ -7,9 +7,10 @@ configuration whose shared memory exceeds the target's per-block limit compiles 
 is reported as ``too-much-smem``. A compile error is ``error``. This is how we know the kernels build
 for Hopper (sm_90) and the others without a GPU.
 
-Two kernels: ``triton`` (``seeds/triton_attention_seed.py``, FlashAttention-2 algorithm, sm_80+) and
-``triton-hopper`` (``seeds/triton_hopper_seed.py``, TMA tensor descriptors and warp specialisation,
-sm_90+). The PTX of each compiled configuration states which Hopper features the compiler used:
+Two forward kernels: ``triton`` (``seeds/triton_attention_seed.py``, FlashAttention-2 algorithm, sm_80+)
+and ``triton-hopper`` (``seeds/triton_hopper_seed.py``, TMA tensor descriptors and warp specialisation,
+sm_90+); and the ``triton`` backend's two backward kernels ``triton-bwd-dkdv`` and ``triton-bwd-dq``
+(``backward.py``; its third, the delta = rowsum(dO * O) reduction, is a two-load sum not compiled here). The PTX of each compiled configuration states which Hopper features the compiler used:
 TMA (``cp.async.bulk.tensor``), ``wgmma`` and register reallocation between warp roles
 (``setmaxnreg``); the TTGIR whether the loop was warp-specialised (``ttg.warp_specialize``).
 ``emit_ptx`` writes that PTX to a directory, one file per configuration.
@@ -33,8 +34,11 @@ ARCHS = (80, 90, 100)
 #: kbench's dtype names, which are also Triton's signature types
 DTYPES = ("bf16", "fp16", "fp32")
 
-#: the kernels' pointer arguments; the others are int32 sizes and strides, qk_scale and constexprs
-_POINTERS = ("Q", "K", "V", "O")
+#: the kernels' pointer arguments of the input type; fp32 ones (the log-sum-exp and delta of the backward);
+#: fp32 scalars; the others are int32 sizes and strides, and constexprs
+_POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+_FP32_POINTERS = ("LSE", "Delta")
+_FP32_SCALARS = ("qk_scale", "sm_scale")
 #: PTX instructions that show a Hopper feature in use
 PTX_FEATURES = {"tma": "cp.async.bulk.tensor", "wgmma": "wgmma.mma_async", "setmaxnreg": "setmaxnreg"}
 
@@ -49,14 +53,28 @@ class KernelSpec:
     constexprs: tuple[str, ...]
     min_arch: int
     dtypes: tuple[str, ...]
+    #: constexprs with one value here: (name, value) pairs
+    fixed: tuple[tuple[str, object], ...] = ()
+    #: a backward kernel: its key in ``backward.bwd_config`` ("dkdv" or "dq"); "" for a forward kernel
+    config_key: str = ""
 
 
 KERNELS = {
+    # the forward as modes fwd launch it (a training forward also stores one fp32 per row: STORE_LSE)
     "triton": KernelSpec("triton", "kbench_triton.seeds.triton_attention_seed", "attention_fwd_kernel",
-                         ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION"), 80, DTYPES),
+                         ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION", "STORE_LSE"), 80, DTYPES,
+                         fixed=(("STORE_LSE", False),)),
     "triton-hopper": KernelSpec("triton-hopper", "kbench_triton.seeds.triton_hopper_seed", "attention_hopper_kernel",
                                 ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "WARP_SPECIALIZE"), 90, ("bf16", "fp16")),
+    "triton-bwd-dkdv": KernelSpec("triton", "kbench_triton.backward", "bwd_dkdv_kernel",
+                                  ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION"), 80, DTYPES,
+                                  config_key="dkdv"),
+    "triton-bwd-dq": KernelSpec("triton", "kbench_triton.backward", "bwd_dq_kernel",
+                                ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION"), 80, DTYPES,
+                                config_key="dq"),
 }
+#: the backward kernels (``--kernel triton-bwd``)
+BACKWARD = tuple(k for k, spec in KERNELS.items() if spec.config_key)
 
 
 @dataclass(frozen=True)
@@ -115,9 +133,11 @@ def signature(dtype: str, kernel: str = "triton") -> dict[str, str]:
     for name in _jit_function(kernel).arg_names:
         if name in _POINTERS:
             sig[name] = "*" + dtype
+        elif name in _FP32_POINTERS:
+            sig[name] = "*fp32"
         elif name in constexprs:
             sig[name] = "constexpr"
-        elif name == "qk_scale":
+        elif name in _FP32_SCALARS:
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -130,7 +150,7 @@ def divisibility(kernel: str = "triton") -> dict[tuple[int], list]:
     alignment, loads are not vectorised and the K/V loads are not software-pipelined."""
     names = _jit_function(kernel).arg_names
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-            if n in _POINTERS or n.startswith("stride_") or n in ("seqlen_q", "seqlen_kv")}
+            if n in _POINTERS or n in _FP32_POINTERS or n.startswith("stride_") or n in ("seqlen_q", "seqlen_kv")}
 
 
 def supported_archs() -> list[int]:
@@ -174,9 +194,9 @@ def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None
     report = CompileReport(target.arch, target.head_dim, target.dtype, target.causal, config["BLOCK_M"],
                            config["BLOCK_N"], config["num_warps"], config["num_stages"], kernel=target.kernel)
     constexprs = dict(HEAD_DIM=target.head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-                      CAUSAL=target.causal)
+                      CAUSAL=target.causal, **dict(spec.fixed))
     if "DOT_PRECISION" in spec.constexprs:
-        constexprs["DOT_PRECISION"] = mod.dot_precision({"fp32": "float32"}.get(target.dtype, target.dtype))
+        constexprs["DOT_PRECISION"] = _kernel_module("triton").dot_precision({"fp32": "float32"}.get(target.dtype, target.dtype))
     if "WARP_SPECIALIZE" in spec.constexprs:
         report.warp_specialize = bool(config.get("WARP_SPECIALIZE", 0))
         constexprs["WARP_SPECIALIZE"] = report.warp_specialize
@@ -219,8 +239,8 @@ def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None
 
 
 def tunable_space(kernel: str = "triton") -> list[dict]:
-    """Every combination of the choices in the kernel's ``TUNABLES``."""
-    tunables = _kernel_module(kernel).TUNABLES
+    """Every combination of the choices in the kernel's ``TUNABLES`` (the backward's: the forward's)."""
+    tunables = _kernel_module("triton" if KERNELS[kernel].config_key else kernel).TUNABLES
     names = list(tunables)
     return [dict(zip(names, values)) for values in itertools.product(*(tunables[n]["choices"] for n in names))]
 
@@ -247,6 +267,9 @@ CONFIG_SETS = ("tuned", "shipped", "every")
 def configs_for(which: str, head_dim: int, causal: bool, dtype: str, kernel: str = "triton") -> list[dict]:
     """``tuned``: the one the backend launches; ``shipped``: every one a backend or the kernel file may
     launch; ``every``: every combination of the TUNABLES choices."""
+    key = KERNELS[kernel].config_key
+    if key and which in ("tuned", "shipped"):
+        return [_kernel_module(kernel).bwd_config(head_dim, dtype)[key]]
     if which == "tuned":
         return [_kernel_module(kernel).config_for(head_dim, causal, dtype)]
     if which == "shipped":

@@ -62,6 +62,8 @@ class TritonAttention(Backend):
     source_path = str(SEED_PATH)
     #: the kernel module's accessor (the subclass for Hopper swaps it)
     module = staticmethod(kernel_module)
+    #: modes bwd and fwd_bwd: the backward of ``kbench_triton/backward.py`` (the subclasses do not have one)
+    features = frozenset({"bwd", "fwd_bwd"})
 
     def __init__(self, **settings: Any) -> None:
         unknown = set(settings) - set(self.tunables)
@@ -87,12 +89,23 @@ class TritonAttention(Backend):
         return launch
 
     def prepare(self, case: Case):
+        if case.params.get("mode", "fwd") != "fwd":
+            return self._training(case)
         launch = self._launcher(case)
         causal, scale, dtype = case["causal"], softmax_scale(case), case.dtype
 
         def run(q, k, v, out):
             launch(*_torch_views((q, k, v, out), dtype), causal=causal, scale=scale)
         return run
+
+    def _training(self, case: Case):
+        """Modes bwd/fwd_bwd: a ``kbench.api.TrainingKernel`` (forward saving the log-sum-exp, then the
+        deterministic backward); the tunables set the forward's tiles, the backward's come from its table."""
+        from kbench_triton import backward
+
+        return backward.TritonTraining(causal=case["causal"], scale=softmax_scale(case), dtype=case.dtype,
+                                       fwd_config=self.config(case),
+                                       bwd_config=backward.bwd_config(case["head_dim"], str(case.dtype)))
 
     def info(self) -> dict[str, Any]:
         return {"triton": runtime.triton_version(), "settings": dict(self.settings), "source": self.source_path}
@@ -108,6 +121,7 @@ class TritonAutotunedAttention(TritonAttention):
     name = "triton-autotune"
     description = "kbench's Triton kernel, configuration chosen by triton.autotune per shape"
     tunables = {}
+    features = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,6 +154,7 @@ class TritonHopperAttention(TritonAttention):
                 for n in HOPPER_TUNABLE_NAMES}
     source_path = str(HOPPER_SEED_PATH)
     module = staticmethod(hopper_module)
+    features = frozenset()
 
     def available(self) -> str | None:
         reason = runtime.unavailable_reason()
@@ -164,13 +179,28 @@ class TritonSubstrate(Substrate):
     def adapt(self, fn: Callable[..., Any], case: Case, kwargs: dict[str, Any]) -> Callable[..., Any]:
         dtype = case.dtype
 
-        def run(out, **inputs):
-            tensors = _torch_views((*inputs.values(), out), dtype)
-            result = fn(*tensors, **kwargs)
-            if result is None or result is tensors[-1]:
+        def run(**arrays):
+            # positional in the runner's order: the inputs, then the outputs (out; dq, dk, dv for a backward)
+            tensors = dict(zip(arrays, _torch_views(arrays.values(), dtype)))
+            result = fn(*tensors.values(), **kwargs)
+            if result is None or result is tensors.get("out"):
                 return None
-            return _device_array(result, like=out)
+            if isinstance(result, dict):
+                return {name: _device_array(t, like=arrays[name]) for name, t in result.items()}
+            return _device_array(result, like=arrays["out"])
         return run
+
+    def adapt_training(self, forward: Callable[..., Any], backward: Callable[..., Any], case: Case,
+                       kwargs: dict[str, Any]):
+        """A file's ``attention_forward``/``attention_backward`` (modes bwd, fwd_bwd) on torch views."""
+        dtype = case.dtype
+
+        def forward_views(*arrays, **kw):
+            return forward(*_torch_views(arrays, dtype), **kw)
+
+        def backward_views(saved, *arrays, **kw):
+            return backward(saved, *_torch_views(arrays, dtype), **kw)
+        return super().adapt_training(forward_views, backward_views, case, kwargs)
 
 
 def _device_array(tensor, *, like):

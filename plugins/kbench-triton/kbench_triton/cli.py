@@ -33,9 +33,10 @@ def _split_ints(ctx, param, value):
               show_default=True,
               help="tuned: the per-shape CONFIGS entry; shipped: also the autotune candidates and the kernel "
                    "file's defaults; every: every combination of the seed's TUNABLES choices.")
-@click.option("--kernel", "kernels", type=click.Choice(["all", "triton", "triton-hopper"]), default="all",
-              show_default=True, help="Which kernel: the FlashAttention-2 one (triton), the Hopper one "
-                                      "(triton-hopper, sm_90+, 16-bit types), or both.")
+@click.option("--kernel", "kernels", type=click.Choice(["all", "triton", "triton-hopper", "triton-bwd"]),
+              default="all", show_default=True,
+              help="Which kernel: the FlashAttention-2 forward (triton), the Hopper forward (triton-hopper, sm_90+, "
+                   "16-bit types), the triton backend's backward (triton-bwd: its dK/dV and dQ kernels), or all.")
 @click.option("--emit-ptx", type=click.Path(file_okay=False), default=None,
               help="Write the PTX of every compiled configuration into this directory.")
 @click.option("-j", "--jobs", default=1, show_default=True, help="Compile in this many processes.")
@@ -60,7 +61,7 @@ def triton_aot(arch, head_dims, dtypes, mask, which, kernels, emit_ptx, jobs, fm
     if bad:
         raise click.BadParameter(f"{bad[0]!r}: use {', '.join(aot.DTYPES)}", param_hint="--dtype")
     causals = {"both": (False, True), "causal": (True,), "full": (False,)}[mask]
-    kernel_names = list(aot.KERNELS) if kernels == "all" else [kernels]
+    kernel_names = {"all": list(aot.KERNELS), "triton-bwd": list(aot.BACKWARD)}.get(kernels, [kernels])
     jobs_list = [(target, config, emit_ptx) for target, config in
                  aot.plan(arch, head_dims, dtype_list, causals, configs=which, kernels=kernel_names)]
     if not jobs_list:

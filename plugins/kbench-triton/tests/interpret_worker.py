@@ -58,6 +58,7 @@ class OnCpu(Backend):
 
     def __init__(self, inner: Backend) -> None:
         self.inner, self.name, self.op, self.device = inner, inner.name, inner.op, "cpu"
+        self.features = inner.features
 
     def supports(self, case):
         return self.inner.supports(case)

@@ -68,7 +68,7 @@ def test_command_prints_json_and_exits_0():
     from kbench_triton.cli import triton_aot
 
     result = CliRunner().invoke(triton_aot, ["--arch", "80", "--head-dim", "64,128", "--mask", "causal", "--dtype",
-                                             "fp16", "--configs", "tuned", "--format", "json"])
+                                             "fp16", "--configs", "tuned", "--kernel", "triton", "--format", "json"])
     assert result.exit_code == 0, result.output
     reports = json.loads(result.output)
     assert [(r["arch"], r["head_dim"], r["dtype"], r["causal"]) for r in reports] == [(80, 64, "fp16", True),
@@ -138,11 +138,27 @@ def test_command_emits_ptx_and_reports_features(tmp_path):
                                              "tuned", "--emit-ptx", str(tmp_path), "--format", "json"])
     assert result.exit_code == 0, result.output
     reports = {r["kernel"]: r for r in json.loads(result.output)}
-    assert set(reports) == {"triton", "triton-hopper"}
+    assert set(reports) == {"triton", "triton-hopper", "triton-bwd-dkdv", "triton-bwd-dq"}
     assert reports["triton-hopper"]["tma"] and not reports["triton"]["tma"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        aot.ptx_file_name(aot.Target(90, 128, "bf16", False, k), aot._kernel_module(k).config_for(128, False))
-        for k in ("triton", "triton-hopper"))
+        aot.ptx_file_name(aot.Target(90, 128, "bf16", False, k), aot.configs_for("tuned", 128, False, "bf16", k)[0])
+        for k in reports)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_backward_kernels_build_for_sm90_without_spills(dtype):
+    # the dK/dV and dQ kernels with the tiles the backend launches (backward.bwd_config), causal and not
+    jobs = list(aot.plan([90], [64, 128, 256] if dtype != "fp32" else [64], [dtype], [False, True],
+                         configs="tuned", kernels=aot.BACKWARD))
+    assert len(jobs) == (12 if dtype != "fp32" else 4)
+    for report in aot.sweep(jobs):
+        _assert_launchable(report)
+        assert report.spill_stores == 0, report
+        # dK/dV at head_dim 256 has 32-key tiles, too short for a warpgroup's 64-row wgmma (mma.sync instead)
+        short_tiles = report.kernel == "triton-bwd-dkdv" and report.head_dim == 256
+        if dtype == "bf16":
+            assert report.wgmma != short_tiles, report
 
 
 @pytest.mark.slow

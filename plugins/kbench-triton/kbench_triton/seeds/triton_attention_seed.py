@@ -115,13 +115,18 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_
 
 
 @triton.jit
-def attention_fwd_kernel(Q, K, V, O,
+def attention_fwd_kernel(Q, K, V, O, LSE,
                          stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                          stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                          seqlen_q, seqlen_kv, heads_q, group, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Grid (cdiv(seqlen_q, BLOCK_M), batch * heads_q); ``qk_scale`` = softmax scale * log2(e)."""
+                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr = False):
+    """Grid (cdiv(seqlen_q, BLOCK_M), batch * heads_q); ``qk_scale`` = softmax scale * log2(e).
+
+    With ``STORE_LSE`` the program also writes each row's log-sum-exp of the scaled scores, in the log2
+    domain (``m + log2(l)``), into ``LSE`` (fp32, ``(batch, heads_q, seqlen_q)`` contiguous): what the
+    backward (``kbench_triton/backward.py``) needs to recompute P. A row that sees no key stores +inf,
+    so that ``exp2(s - lse)`` is 0 for it in the backward. Without it ``LSE`` is never touched."""
     if CAUSAL:
         # the last query blocks see the most keys: start them first so the tail of the grid is short
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -173,6 +178,9 @@ def attention_fwd_kernel(Q, K, V, O,
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None])
+    if STORE_LSE:
+        lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+        tl.store(LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
 
 
 def dot_precision(dtype_name: str) -> str:
@@ -181,8 +189,9 @@ def dot_precision(dtype_name: str) -> str:
     return "tf32x3" if dtype_name == "float32" else "tf32"
 
 
-def launch_args(q, k, v, out, *, causal: bool, scale: float):
-    """Positional arguments and shape constexprs of ``attention_fwd_kernel``, and the grid's second axis."""
+def launch_args(q, k, v, out, *, causal: bool, scale: float, lse=None):
+    """Positional arguments and shape constexprs of ``attention_fwd_kernel``, and the grid's second axis;
+    with ``lse`` (fp32 ``(batch, heads_q, seqlen_q)``, contiguous) the kernel also stores the log-sum-exp."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_kv, heads_kv = k.shape[1], k.shape[2]
     if heads_q % heads_kv:
@@ -190,9 +199,10 @@ def launch_args(q, k, v, out, *, causal: bool, scale: float):
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t.stride(3) != 1:
             raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
-    args = (q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+    args = (q, k, v, out, out if lse is None else lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             seqlen_q, seqlen_kv, heads_q, heads_q // heads_kv, scale * LOG2E)
-    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(str(q.dtype).split(".")[-1]))
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(str(q.dtype).split(".")[-1]),
+                      STORE_LSE=lse is not None)
     return args, constexprs, batch * heads_q
 
 

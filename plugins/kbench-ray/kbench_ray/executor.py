@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import time
 from typing import Any
 
@@ -33,20 +34,24 @@ POLL = 0.25
 
 
 class Node:
-    """The Ray actor of one slot (decorated with ``ray.remote`` when a run starts)."""
+    """The Ray actor of one slot (decorated with ``ray.remote`` when a run starts). A node that cannot
+    measure (its device missing, a plugin failing) answers every job with why, instead of dying: that is
+    the same on every attempt, so retrying elsewhere would not help."""
 
     def __init__(self, setup, slot: int) -> None:
-        self.runner = kx.NodeRunner(setup, executor="ray", slot=slot)
-        self.runner.where["node"] = ray.get_runtime_context().get_node_id()
-
-    def where(self) -> dict[str, Any]:
-        return dict(self.runner.where)
+        self.runner, self.broken = None, None
+        try:
+            self.runner = kx.NodeRunner(setup, executor="ray", slot=slot)
+            self.runner.where["node"] = ray.get_runtime_context().get_node_id()
+        except Exception as exc:  # noqa: BLE001 - reported with every job
+            self.broken = {"host": platform.node(), "node_error": f"{type(exc).__name__}: {exc}"}
 
     def run(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self.runner.run(payload)
+        return dict(self.broken) if self.broken else self.runner.run(payload)
 
     def close(self) -> None:
-        self.runner.close()
+        if self.runner is not None:
+            self.runner.close()
 
 
 def _bad(message: str, fix: str, where: str = "--executor-opt") -> BadInput:
@@ -134,7 +139,7 @@ class RayExecutor(kx.SlotExecutor):
             raise kx.SlotLost(reason, kx.job_record(self.planned, job, status, reason, cause="infrastructure",
                                                    placement=where))
         try:
-            return ray.get(ref)
+            rec = ray.get(ref)
         except LOST as exc:
             reason = f"the job's Ray actor (slot {slot}) was lost: {_first_line(exc)}"
             raise kx.SlotLost(reason, kx.job_record(self.planned, job, Status.CRASHED.value, reason,
@@ -143,6 +148,11 @@ class RayExecutor(kx.SlotExecutor):
             return kx.job_record(self.planned, job, Status.ERROR.value,
                                  f"the Ray node failed: {_first_line(exc)}", cause="infrastructure",
                                  placement=where)
+        if "node_error" in rec:
+            where["host"] = rec["host"]
+            return kx.job_record(self.planned, job, Status.ERROR.value, f"the Ray node on {rec['host']} cannot "
+                                 f"measure: {rec['node_error']}", cause="infrastructure", placement=where)
+        return rec
 
     def replace(self, slot: int) -> None:
         actor, self.actors[slot] = self.actors[slot], None
@@ -178,6 +188,8 @@ class RayExecutor(kx.SlotExecutor):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """Ray's message without colour codes and object reprs: its first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:500]
+    line = re.sub(r", repr=<[^>]*>", "", lines[0] if lines else type(exc).__name__)
+    return line[:500]

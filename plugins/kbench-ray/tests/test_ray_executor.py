@@ -140,3 +140,19 @@ def test_bad_address_is_a_clean_message(tmp_path):
 
     assert split_address("ray://head:10001") == ("head", 10001) and split_address("10.0.0.1:6379") == ("10.0.0.1", 6379)
     assert "cannot tell where" in cluster_note("nohostport")
+
+
+def test_a_node_that_cannot_measure_gives_error_records_naming_why(cluster, tmp_path):
+    out = tmp_path / "r.json"  # no GPU here: every node fails to open the cuda device, and says so
+    run_cli(SMOKE, "--device", "cuda", "-b", "cupy", "-k", "d=64 and fp16", "-o", str(out), *RAY)
+    (rec,) = load_result(out)["records"]
+    assert rec["status"] == "error" and rec["cause"] == "infrastructure" and "attempts" not in rec
+    assert rec["reason"].startswith("the Ray node on ") and "device 'cuda' is not available" in rec["reason"]
+
+
+def test_ray_messages_lose_colour_codes_and_reprs():
+    from kbench_ray.executor import _first_line
+
+    exc = RuntimeError("The actor died in \x1b[36mray::Node.__init__()\x1b[39m (pid=1, repr=<kbench_ray.Node at 0x7f>)"
+                       "\nTraceback ...")
+    assert _first_line(exc) == "The actor died in ray::Node.__init__() (pid=1)"

@@ -1,10 +1,14 @@
 """attention_varlen: packed layout, block-diagonal reference, costs per sequence, backends, the suite."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from kbench.builtin.numpy_varlen import varlen_numpy
+from kbench.cli import cli
 from kbench.ops import CaseError
 from kbench.ops.attention import AttentionOp
 from kbench.ops.varlen import VarlenAttentionOp, visible_pairs
@@ -164,6 +168,28 @@ def test_numpy_varlen_matches_the_reference_across_block_edges(causal, block):
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
 
 
+def test_cpu_kernels_take_empty_sequences_in_the_offsets():
+    """Zero-length sequences are legal in FlashAttention's varlen API (repeated offsets): no rows, or rows
+    that see nothing (output 0). The op never makes them, but a kernel must not break on them."""
+    torch_varlen = pytest.importorskip("kbench_torch.varlen")
+    torch = pytest.importorskip("torch")
+    q_lens, kv_lens = (3, 0, 4, 2), (0, 4, 5, 2)
+    rng = np.random.default_rng(0)
+    x = {"q": rng.standard_normal((9, 4, 16), dtype=np.float32),
+         "k": rng.standard_normal((11, 2, 16), dtype=np.float32), "v": rng.standard_normal((11, 2, 16), dtype=np.float32),
+         "cu_seqlens_q": np.array([0, 3, 3, 7, 9], np.int32), "cu_seqlens_kv": np.array([0, 0, 4, 9, 11], np.int32)}
+    for causal in (True, False):
+        want = dense_block_diagonal(x, q_lens, kv_lens, causal, 0.25)
+        assert np.all(want[:3] == 0) and np.all(np.isfinite(want))
+        out = np.full((9, 4, 16), np.nan, np.float32)
+        varlen_numpy(**x, out=out, causal=causal, scale=0.25)
+        np.testing.assert_allclose(out, want, atol=1e-5)
+        got = torch.full((9, 4, 16), float("nan"))
+        torch_varlen.sdpa_loop(*(torch.from_numpy(x[n]) for n in ("q", "k", "v")), got, x["cu_seqlens_q"].tolist(),
+                               x["cu_seqlens_kv"].tolist(), causal=causal, scale=0.25, masks={})
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-5)
+
+
 PARAMS = [{"seqlens_q": "5,70,1,40", "seqlens_kv": "9,70,3,30", "causal": True, "dtype": "bf16"},
           {"batch": 6, "seqlen_dist": "lognormal", "seqlen_mean": 40, "seqlen_max": 200, "causal": True},
           {"seqlens_q": "33,7", "causal": False, "dtype": "fp16", "heads_q": 4, "heads_kv": 4}]
@@ -224,6 +250,53 @@ def test_a_list_in_a_suite_is_one_case_and_a_list_of_lists_a_sweep(tmp_path):
     cases = load_suite(str(path)).plan("cpu", OP).cases
     assert [OP.lengths(c) for c in cases] == [((3, 5), (4, 5)), ((8, 8), (8, 8)), ((4, 12, 1), (4, 12, 1))]
     assert [c["batch"] for c in cases] == [2, 2, 3]
+
+
+KERNEL_FILE = '''"""Per-sequence dense attention over a packed batch, in NumPy (a user's kernel file)."""
+import numpy as np
+
+OP = "attention_varlen"
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, out, *, causal, scale, max_seqlen_q, max_seqlen_kv):
+    group = q.shape[1] // k.shape[1]
+    for i in range(len(cu_seqlens_q) - 1):
+        q0, q1 = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+        k0, k1 = int(cu_seqlens_kv[i]), int(cu_seqlens_kv[i + 1])
+        if k1 == k0:  # an empty sequence (legal in the varlen API): nothing to see
+            out[q0:q1] = 0
+            continue
+        qs = q[q0:q1].astype(np.float32).transpose(1, 0, 2)
+        ks = np.repeat(k[k0:k1].astype(np.float32).transpose(1, 0, 2), group, axis=0)
+        vs = np.repeat(v[k0:k1].astype(np.float32).transpose(1, 0, 2), group, axis=0)
+        s = qs @ ks.transpose(0, 2, 1) * np.float32(scale)
+        if causal:
+            sq, sk = q1 - q0, k1 - k0
+            s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+        m = np.max(s, axis=-1, keepdims=True)
+        p = np.exp(s - np.where(np.isfinite(m), m, 0))
+        den = p.sum(axis=-1, keepdims=True)
+        out[q0:q1] = (p @ vs / np.where(den == 0, 1, den)).transpose(1, 0, 2)
+'''
+
+
+def test_kbench_run_with_a_kernel_file_in_the_sandbox_and_the_cpu_backends(tmp_path):
+    """The whole path: suite lists, int32 offsets through the worker's arena, an untrusted kernel file."""
+    (tmp_path / "varlen_kernel.py").write_text(KERNEL_FILE)
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text("version: 1\nname: tiny-varlen\nop: attention_varlen\nbackends: [numpy-varlen, torch-sdpa-varlen]\n"
+                     "timing: {min_samples: 3, max_time: 0.05}\n"
+                     "grid:\n  - {seqlens_q: [5, 40, 17], seqlens_kv: [9, 40, 3], heads_q: 4, heads_kv: 2, head_dim: 16,"
+                     " causal: true, dtype: bf16}\n")
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli, ["run", str(suite), "-b", "numpy-varlen", "-b", "torch-sdpa-varlen",
+                                   "-b", str(tmp_path / "varlen_kernel.py"), "--device", "cpu", "-o", str(out)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    records = json.loads(out.read_text())["records"]
+    assert {(r["backend"], r["status"]) for r in records} == {
+        ("numpy-varlen", "passed"), ("torch-sdpa-varlen", "passed"), ("file:varlen_kernel", "passed")}
+    assert {r["case_id"] for r in records} == {"attention_varlen[b=3,sq=5/40/17,sk=9/40/3,hq=4,hkv=2,d=16,causal,bf16]"}
 
 
 def test_flash_varlen_backends_skip_with_a_reason_without_a_gpu(pm):

@@ -25,6 +25,9 @@ def varlen_numpy(q, k, v, cu_seqlens_q, cu_seqlens_kv, out, *, causal: bool, sca
     scale32 = np.float32(scale)
     for i in range(len(cu_q) - 1):
         sq, sk = cu_q[i + 1] - cu_q[i], cu_kv[i + 1] - cu_kv[i]
+        if sq == 0 or sk == 0:  # an empty sequence (legal in the varlen API): no query, or nothing to see
+            out[cu_q[i]:cu_q[i + 1]] = 0
+            continue
         offset = sk - sq  # bottom-right alignment: row t sees keys j <= t + offset
         # (hkv, g, sq, d) and (hkv, sk, d), float32, contiguous per head
         qs = np.ascontiguousarray((q[cu_q[i]:cu_q[i + 1]].astype(np.float32) * scale32)
@@ -51,7 +54,7 @@ def varlen_numpy(q, k, v, cu_seqlens_q, cu_seqlens_kv, out, *, causal: bool, sca
                 denom = p.sum(axis=-1, keepdims=True)
                 pv = p.reshape(g * (t1 - t0), end) @ vs[h, :end]
                 o[h, :, t0:t1] = pv.reshape(g, t1 - t0, -1) / np.where(denom == 0, np.float32(1), denom)
-        out[cu_q[i]:cu_q[i + 1]] = o.transpose(2, 0, 1, 3).reshape(sq, hq, -1)
+        out[cu_q[i]:cu_q[i + 1]] = o.transpose(2, 0, 1, 3).reshape(sq, hq, v.shape[2])
 
 
 class NumpyVarlen(Backend):

@@ -43,6 +43,9 @@ def sdpa_loop(q, k, v, out, cu_q: list[int], cu_kv: list[int], *, causal: bool, 
     """
     for i in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_kv[i], cu_kv[i + 1]
+        if q1 == q0 or k1 == k0:  # an empty sequence (legal in the varlen API): no query, or nothing to see
+            out[q0:q1] = 0
+            continue
         kind = _kind(causal, q1 - q0, k1 - k0)
         mask = None
         if kind in ("wide", "tall"):

@@ -131,6 +131,15 @@ def placement(planned_ctx, *, executor: str, slot: int | None = None, index: str
     return out
 
 
+def profiles_note(records) -> str | None:
+    """A warning when a run's records were measured on more than one hardware profile (``placement.profile``)."""
+    profiles = sorted({str(r["placement"].get("profile")) for r in records if isinstance(r.get("placement"), dict)})
+    if len(profiles) < 2:
+        return None
+    return (f"records measured on {len(profiles)} hardware profiles ({', '.join(profiles)}): compare timings only "
+            "within one profile (each record's placement.profile; docs/scale-out.md)")
+
+
 # --------------------------------------------------------------------------------------------
 # one job at a time in the calling thread
 

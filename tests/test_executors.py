@@ -201,3 +201,12 @@ def test_the_default_executor_never_imports_ray(tmp_path):
             "print('RAY', 'ray' in sys.modules, 'kbench_ray.executor' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "RAY False False" in out.stdout, out.stdout + out.stderr
+
+
+def test_records_of_several_hardware_profiles_are_called_out():
+    from kbench.executors import profiles_note
+
+    recs = [{"placement": {"profile": "h100-sxm"}}, {"placement": {"profile": "a100-sxm"}}, {"status": "passed"}]
+    assert profiles_note(recs) == ("records measured on 2 hardware profiles (a100-sxm, h100-sxm): compare timings "
+                                   "only within one profile (each record's placement.profile; docs/scale-out.md)")
+    assert profiles_note(recs[:1] * 3 + recs[2:]) is None

@@ -110,6 +110,11 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         sys.exit(143 if "SIGTERM" in exc.how else 130)
     click.echo(records_table(writer.records, fmt))
     click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
+    from kbench.executors import profiles_note
+
+    note = profiles_note(writer.records)
+    if note:
+        click.echo(f"kbench: {note}", err=True)
     hint = traceback_hint(writer.records, planned.output)
     if hint:
         click.echo(hint, err=True)

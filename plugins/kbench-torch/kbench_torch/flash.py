@@ -38,7 +38,9 @@ class FlashAttention(Backend):
                  fp8: bool = False) -> None:
         self.name, self.module, self.title = name, module, title
         self.fp8 = fp8
-        self.features = training_features("window", "softcap", *(("fp8",) if fp8 else ()))
+        # the attention op's features; a subclass for another op (varlen, decode) starts from none
+        self.features = (training_features("window", "softcap", *(("fp8",) if fp8 else ()))
+                         if self.op == "attention" else frozenset())
         self.min_capability, self.max_capability = min_capability, max_capability
         self.install, self.min_version = install, min_version
         self.description = f"{title} through `{module}.flash_attn_func`, bottom-right causal, native GQA"

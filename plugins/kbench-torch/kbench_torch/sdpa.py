@@ -160,7 +160,11 @@ class TorchSDPA(Backend):
     description = ("PyTorch scaled_dot_product_attention on the CPU (torch picks the kernel); "
                    "fp16/bf16 computed in float32, output rounded to the case dtype; 1 thread by default")
     tunables = {"threads": Tunable(1, (0, 1, 2, 4, 8, 16, 32, 64), "torch intra-op threads (0: torch's default)")}
-    features = training_features("window")
+
+    @property
+    def features(self) -> frozenset[str]:  # type: ignore[override]
+        """Backward and windows on the attention op; a subclass for another op (varlen) starts from none."""
+        return training_features("window") if self.op == "attention" else frozenset()
 
     def __init__(self, **settings) -> None:
         env = os.environ.get("KBENCH_TORCH_THREADS", "").strip()

@@ -173,7 +173,7 @@ def test_a_window_changes_the_gradients():
 
 
 def test_features_declared_per_backend():
-    assert TorchSDPA.features == {"bwd", "fwd_bwd", "window"}
+    assert TorchSDPA().features == {"bwd", "fwd_bwd", "window"}
     by_name = {b.name: b for b in cuda_backends()}
     for name in ("torch-sdpa-efficient", "torch-sdpa-math"):
         assert by_name[name].features == {"bwd", "fwd_bwd", "window"}
@@ -181,6 +181,20 @@ def test_features_declared_per_backend():
         assert by_name[name].features == {"bwd", "fwd_bwd"}
     for backend in (TorchSDPA(), *by_name.values()):  # softcap is not expressible through SDPA
         assert not {"softcap", "fp8"} & backend.features
+
+
+def test_subclasses_for_other_ops_do_not_inherit_the_attention_features(kbench_pm):
+    """torch-sdpa-varlen and flash-attn-varlen run attention_varlen: forward only, whatever their base does."""
+    reg = kbench_pm.registry
+    for name, backend in reg.backends.items():
+        if backend.op != "attention" and isinstance(backend, (TorchSDPA, *{type(b) for b in cuda_backends()})):
+            assert not {"bwd", "fwd_bwd", "window", "softcap", "fp8"} & set(backend.features), name
+    from kbench_torch.flash import FlashAttention
+
+    others = [b for b in reg.backends.values() if isinstance(b, FlashAttention) and b.op != "attention"]
+    assert others  # the varlen / decode subclasses are registered
+    for backend in others:
+        assert not {"bwd", "fwd_bwd", "window", "softcap", "fp8"} & set(backend.features), backend.name
 
 
 def test_mask_kind_window_wins_over_causal_shapes():

@@ -224,3 +224,28 @@ def test_features_list_passes_the_static_checks_a_cache_does_not():
     assert static_check(clean, IntegritySettings()) == []
     found = static_check(clean.replace("FEATURES", "SAVED"), IntegritySettings())
     assert [v.rule for v in found] == ["forbid_module_state"]
+
+
+def test_training_suite_runs_the_kernel_files_sandboxed_and_names_the_wrong_gradient(tmp_path):
+    """The issue's "must show": a kernel file with a correct forward but a wrong dK fails naming dk."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from kbench.cli import cli
+
+    here = Path(__file__).parent / "kernels"
+    out = tmp_path / "training.json"
+    res = CliRunner().invoke(cli, ["run", "suites/training.yaml", "--device", "cpu", "-b", "numpy*",
+                                   "-b", str(here / "numpy_training.py"), "-b", str(here / "numpy_training_wrong_dk.py"),
+                                   "-k", "b=4 and noncausal and fwd_bwd", "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 1, res.output  # a record failed
+    records = {r["backend"]: r for r in json.loads(out.read_text())["records"]}
+    assert records["numpy"]["status"] == records["file:numpy_training"]["status"] == "passed"
+    assert records["numpy-flash"]["status"] == "skipped"
+    assert records["numpy-flash"]["reason"] == "does not implement fwd_bwd (implements: softcap, window)"
+    wrong = records["file:numpy_training_wrong_dk"]
+    assert wrong["status"] == "failed" and wrong["reason"].startswith("dk: relative L2 error 0.2")
+    # the kernel files ran untrusted (statically checked: FEATURES is allowed), recorded with their hash
+    assert records["file:numpy_training"]["backend_info"]["kernel_file"].endswith("numpy_training.py")

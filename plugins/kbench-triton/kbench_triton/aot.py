@@ -10,9 +10,9 @@ for Hopper (sm_90) and the others without a GPU.
 Two forward kernels: ``triton`` (``seeds/triton_attention_seed.py``, FlashAttention-2 algorithm, sm_80+)
 and ``triton-hopper`` (``seeds/triton_hopper_seed.py``, TMA tensor descriptors and warp specialisation,
 sm_90+); and the ``triton`` backend's two backward kernels ``triton-bwd-dkdv`` and ``triton-bwd-dq``
-(``backward.py``; its third, the delta = rowsum(dO * O) reduction, is a two-load sum not compiled here). The PTX of each compiled configuration states which Hopper features the compiler used:
-TMA (``cp.async.bulk.tensor``), ``wgmma`` and register reallocation between warp roles
-(``setmaxnreg``); the TTGIR whether the loop was warp-specialised (``ttg.warp_specialize``).
+(``backward.py``; its third, the delta = rowsum(dO * O) reduction, is a two-load sum not compiled here).
+The PTX of each compiled configuration states which Hopper features the compiler used: TMA
+(``cp.async.bulk.tensor``), ``wgmma`` and register reallocation between warp roles (``setmaxnreg``); the TTGIR whether the loop was warp-specialised (``ttg.warp_specialize``).
 ``emit_ptx`` writes that PTX to a directory, one file per configuration.
 """
 from __future__ import annotations
@@ -196,7 +196,9 @@ def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None
     constexprs = dict(HEAD_DIM=target.head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
                       CAUSAL=target.causal, **dict(spec.fixed))
     if "DOT_PRECISION" in spec.constexprs:
-        constexprs["DOT_PRECISION"] = _kernel_module("triton").dot_precision({"fp32": "float32"}.get(target.dtype, target.dtype))
+        # the backward kernels use the forward's choice (3xTF32 for fp32)
+        torch_name = {"fp32": "float32"}.get(target.dtype, target.dtype)
+        constexprs["DOT_PRECISION"] = _kernel_module("triton").dot_precision(torch_name)
     if "WARP_SPECIALIZE" in spec.constexprs:
         report.warp_specialize = bool(config.get("WARP_SPECIALIZE", 0))
         constexprs["WARP_SPECIALIZE"] = report.warp_specialize

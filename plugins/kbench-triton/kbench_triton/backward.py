@@ -37,6 +37,7 @@ import triton.language as tl
 
 from kbench.api import TrainingKernel, as_torch
 from kbench_triton.seeds import triton_attention_seed as fwd
+from kbench_triton.seeds.triton_attention_seed import key_bounds
 
 #: Tiles of the two backward kernels per head_dim, for 16-bit inputs. The dK/dV kernel holds K, V and two
 #: fp32 accumulators of BLOCK_N x head_dim for its whole life, so its query tiles are short (32 rows);
@@ -239,13 +240,7 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, Delta,
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     diagonal = seqlen_kv - seqlen_q
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(seqlen_kv, start_m + BLOCK_M + diagonal), 0)
-        unmasked_hi = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seqlen_kv)
-    else:
-        hi = seqlen_kv
-        unmasked_hi = seqlen_kv
-    unmasked_hi = (unmasked_hi // BLOCK_N) * BLOCK_N
+    unmasked_hi, hi = key_bounds(start_m, diagonal, seqlen_kv, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, unmasked_hi, BLOCK_N):
         dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, start_n, offs_m, offs_d,
                        seqlen_kv, diagonal, qk_scale,

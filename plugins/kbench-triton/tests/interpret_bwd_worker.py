@@ -176,18 +176,6 @@ KBENCH_CASES = {
 KERNEL_FILE = Path(__file__).with_name("bwd_kernel_file.py")
 
 
-def kbench_check(pm, backend, params: dict) -> dict:
-    from interpret_worker import ONE_SAMPLE, OnCpu
-
-    from kbench.testing import TEST_CHECK, check_backend, make_case
-
-    rec = check_backend(pm, OnCpu(backend), make_case(pm, **params), device="cpu", timing=ONE_SAMPLE,
-                        check=TEST_CHECK)
-    correctness = rec.get("correctness") or {}
-    return {"status": str(rec["status"]), "reason": rec.get("reason") or rec.get("message") or "",
-            "outputs": correctness.get("outputs") or {}}
-
-
 def main(out_path: str) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run me with TRITON_INTERPRET=1")
@@ -206,6 +194,8 @@ def main(out_path: str) -> None:
     guarded("training-kernel/gqa-causal-fp16", lambda: training_kernel_check((1, 29, 41, 4, 2, 16, True, "float16")))
     for name in ("gqa-causal-sq<sk-ragged-fp32", "mqa-causal-sq>sk-ragged-fp32"):
         guarded(f"loop-bounds/{name}", lambda s=CASES[name]: loop_bound_check(s))
+    from interpret_worker import run_check
+
     from kbench.kernelfile import KernelFileBackend
     from kbench.plugins import PluginManager
     from kbench_triton.backends import TritonAttention
@@ -214,10 +204,10 @@ def main(out_path: str) -> None:
     backend = TritonAttention(BLOCK_M=16, BLOCK_N=16)   # the forward's tiles; the backward's from bwd_config
     for name, params in KBENCH_CASES.items():
         for mode in ("bwd", "fwd_bwd"):
-            guarded(f"kbench/{mode}/{name}", lambda p={**params, "mode": mode}: kbench_check(pm, backend, p))
+            guarded(f"kbench/{mode}/{name}", lambda p={**params, "mode": mode}: run_check(pm, backend, p))
     case = {**KBENCH_CASES["gqa-causal-sq<sk-ragged-fp32"], "mode": "bwd"}
     for broken in (0, 1):
-        guarded(f"kernel-file/break-dk={broken}", lambda b=broken: kbench_check(
+        guarded(f"kernel-file/break-dk={broken}", lambda b=broken: run_check(
             pm, KernelFileBackend(KERNEL_FILE, pm.registry, settings={"BREAK_DK": b}), case))
     Path(out_path).write_text(json.dumps(results, indent=1))
 

@@ -72,7 +72,19 @@ def run_check(pm: PluginManager, backend: Backend, params: dict) -> dict:
     rec = check_backend(pm, OnCpu(backend), case, device="cpu", timing=ONE_SAMPLE, check=TEST_CHECK)
     correctness = rec.get("correctness") or {}
     return {"status": str(rec["status"]), "reason": rec.get("reason") or rec.get("message") or "",
-            "rel_l2": correctness.get("rel_l2"), "bound": correctness.get("bound"), "case": case.id}
+            "rel_l2": correctness.get("rel_l2"), "bound": correctness.get("bound"), "case": case.id,
+            "outputs": correctness.get("outputs") or {}}
+
+
+def run_in_interpreter(worker: Path, out: Path) -> dict:
+    """Run ``worker OUT`` in a subprocess with TRITON_INTERPRET=1 (never set in the caller) and read OUT."""
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(worker), str(out)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
 
 
 def loop_bound_check(seed_module) -> dict:

@@ -6,9 +6,6 @@ test_interpreter.py does for the forward. fp32 and fp16 (the interpreter's bf16 
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +16,7 @@ pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from interpret_bwd_worker import CASES, KBENCH_CASES, SHIPPED_CASES  # noqa: E402
+from interpret_worker import run_in_interpreter  # noqa: E402
 
 WORKER = Path(__file__).with_name("interpret_bwd_worker.py")
 OUTPUTS = ("out", "dq", "dk", "dv")
@@ -26,12 +24,7 @@ OUTPUTS = ("out", "dq", "dk", "dv")
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("interp-bwd") / "results.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(out.read_text())
+    return run_in_interpreter(WORKER, tmp_path_factory.mktemp("interp-bwd") / "results.json")
 
 
 def _within(result: dict, errors: dict, where: str) -> None:

@@ -5,9 +5,7 @@ set before triton is imported, and it must not leak into this pytest process.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,7 @@ pytest.importorskip("triton")
 pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from interpret_worker import CASES, HOPPER_CASES  # noqa: E402
+from interpret_worker import CASES, HOPPER_CASES, run_in_interpreter  # noqa: E402
 
 WORKER = Path(__file__).with_name("interpret_worker.py")
 CHECKS = [f"backend/{n}" for n in CASES] + ["backend-table/gqa-causal", "kernel-file/mqa-causal-sq>sk-ragged-fp32",
@@ -27,12 +25,7 @@ CHECKS = [f"backend/{n}" for n in CASES] + ["backend-table/gqa-causal", "kernel-
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("interp") / "results.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(out.read_text())
+    return run_in_interpreter(WORKER, tmp_path_factory.mktemp("interp") / "results.json")
 
 
 def test_interpreter_setting_does_not_leak():

@@ -115,6 +115,22 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_
 
 
 @triton.jit
+def key_bounds(start_m, diagonal, seqlen_kv, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key range of the query block at ``start_m``: blocks before ``unmasked_hi`` need no mask,
+    blocks from there to ``hi`` do (the causal diagonal, the ragged tail); keys from ``hi`` on are never
+    visited. Returns (unmasked_hi, hi); the backward's dQ pass walks the same range."""
+    if CAUSAL:
+        # keys past the block's last row's diagonal are never visited; keys up to its first row's
+        # diagonal are visible to every row of the block and need no mask
+        hi = tl.maximum(tl.minimum(seqlen_kv, start_m + BLOCK_M + diagonal), 0)
+        unmasked_hi = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seqlen_kv)
+    else:
+        hi = seqlen_kv
+        unmasked_hi = seqlen_kv
+    return (unmasked_hi // BLOCK_N) * BLOCK_N, hi
+
+
+@triton.jit
 def attention_fwd_kernel(Q, K, V, O, LSE,
                          stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                          stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
@@ -155,15 +171,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
     # bottom-right causal alignment: row i sees keys j <= i + diagonal
     diagonal = seqlen_kv - seqlen_q
-    if CAUSAL:
-        # keys past the block's last row's diagonal are never visited; keys up to its first row's
-        # diagonal are visible to every row of the block and need no mask
-        hi = tl.maximum(tl.minimum(seqlen_kv, start_m + BLOCK_M + diagonal), 0)
-        unmasked_hi = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seqlen_kv)
-    else:
-        hi = seqlen_kv
-        unmasked_hi = seqlen_kv
-    unmasked_hi = (unmasked_hi // BLOCK_N) * BLOCK_N
+    unmasked_hi, hi = key_bounds(start_m, diagonal, seqlen_kv, BLOCK_M, BLOCK_N, CAUSAL)
 
     for start_n in range(0, unmasked_hi, BLOCK_N):
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_n,
@@ -199,8 +207,8 @@ def launch_args(q, k, v, out, *, causal: bool, scale: float, lse=None):
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t.stride(3) != 1:
             raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
-    args = (q, k, v, out, out if lse is None else lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            seqlen_q, seqlen_kv, heads_q, heads_q // heads_kv, scale * LOG2E)
+    args = (q, k, v, out, out if lse is None else lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *out.stride()[:3], seqlen_q, seqlen_kv, heads_q, heads_q // heads_kv, scale * LOG2E)
     constexprs = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(str(q.dtype).split(".")[-1]),
                       STORE_LSE=lse is not None)
     return args, constexprs, batch * heads_q

@@ -181,6 +181,8 @@ class CudaDevice(Device):
         array = np.asarray(array)
         if array.dtype == _bf16():
             array = array.view(np.uint16)
+        elif array.dtype.name == "float8_e4m3fn":  # fp8 inputs as their bytes (CuPy has no float8)
+            array = array.view(np.uint8)
         return cp.array(array, copy=True)
 
     def to_host(self, array: Any) -> np.ndarray:

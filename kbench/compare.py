@@ -248,23 +248,47 @@ def pool_runs(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if len(results) == 1:
         return {**results[0], "records": records_of(results[0])}
-    merged: dict[tuple[str, str], Record] = {}
+    merged: dict[tuple[str, str, str | None], Record] = {}
     for data in results:
         for rec in records_of(data):
-            have = merged.get(rec.key)
+            key = (*rec.key, profile_of(rec, data))
+            have = merged.get(key)
             if have is None or (have.passed and not rec.passed):
-                merged[rec.key] = rec
+                merged[key] = rec
             elif have.passed and rec.passed:
-                merged[rec.key] = have.with_samples(have.samples + rec.samples)
+                merged[key] = have.with_samples(have.samples + rec.samples)
     return {**results[0], "records": list(merged.values()), "pooled": [d.get("id") for d in results]}
 
 
+# -- records of several hardware profiles in one file (a run across GPU models: docs/scale-out.md) ----
+
+def profile_of(rec: Record, data: Mapping[str, Any]) -> str | None:
+    """The hardware profile a record ran on: its ``placement.profile``, else its result's header ``hardware``."""
+    return rec.profile or (data.get("hardware") or {}).get("name")
+
+
+def mixed_profiles(data: Mapping[str, Any], records: Sequence[Record]) -> bool:
+    """Whether a result holds records measured on more than one hardware profile."""
+    return len({profile_of(r, data) for r in records} - {None}) > 1
+
+
+def case_label(rec: Record, data: Mapping[str, Any], mixed: bool) -> str:
+    """What a record is paired and shown by: its case id, and where results mix hardware profiles the
+    profile it ran on too (``CASE @ PROFILE``), so a time on one GPU model is never set against another's."""
+    profile = profile_of(rec, data) if mixed else None
+    return f"{rec.case_id} @ {profile}" if profile else rec.case_id
+
+
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Settings = Settings()) -> list[Pair]:
-    """Match records by (case id, backend), in the base run's order then the new run's extras."""
-    new_by_key = {r.key: r for r in records_of(new)}
+    """Match records by (case id, backend), and by hardware profile where a run mixes profiles; in the base
+    run's order, then the new run's extras."""
+    base_recs, new_recs = records_of(base), records_of(new)
+    mixed = mixed_profiles(base, base_recs) or mixed_profiles(new, new_recs)
+    new_by_key = {(case_label(r, new, mixed), r.backend): r for r in new_recs}
     pairs: dict[tuple[str, str], Pair] = {}
-    for rec in records_of(base):
-        pairs[rec.key] = Pair(*rec.key, base=rec, new=new_by_key.get(rec.key))
+    for rec in base_recs:
+        key = (case_label(rec, base, mixed), rec.backend)
+        pairs[key] = Pair(*key, base=rec, new=new_by_key.get(key))
     for key, rec in new_by_key.items():
         pairs.setdefault(key, Pair(*key, base=None, new=rec))
     return [compare_pair(p, settings) for p in pairs.values()]
@@ -359,12 +383,16 @@ def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Cal
     if baseline not in backends:
         raise BadInput(f"backend {baseline!r} is not in this result", file=file, where="--baseline",
                        fix=f"use one of: {', '.join(backends)}")
-    by_key = {r.key: r for r in records}
-    cases = list(dict.fromkeys(r.case_id for r in records))
+    mixed = mixed_profiles(result, records)
+    labels = [case_label(r, result, mixed) for r in records]   # case ids, "CASE @ PROFILE" across GPU models
+    by_key = {(label, r.backend): r for label, r in zip(labels, records)}
+    cases = list(dict.fromkeys(labels))
     groups: dict[str, list[str]] = {}
-    first = {r.case_id: r for r in reversed(records)}
+    first = {label: r for label, r in reversed(list(zip(labels, records)))}
     for cid in cases:
-        groups.setdefault(group_key(first[cid]), []).append(cid)
+        group = group_key(first[cid])
+        profile = profile_of(first[cid], result) if mixed else None
+        groups.setdefault(f"{group} @ {profile}" if profile else group, []).append(cid)
     never = {b: next(r for r in records if r.backend == b).status_text for b in backends
              if b != baseline and not any(_passed(r) for r in records if r.backend == b)}
     table = BaselineTable(baseline, [b for b in backends if b != baseline and b not in never], cases, groups,

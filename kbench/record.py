@@ -22,7 +22,7 @@ from kbench.errors import BadInput
 _REQUIRED = ("backend", "op", "case_id", "case", "device", "status", "reason")
 #: optional fields in the order the runner writes them
 _OPTIONAL = ("started", "integrity", "backend_info", "correctness", "timing", "stats", "metrics", "telemetry",
-             "duration")
+             "duration", "placement")
 _FIELDS = _REQUIRED + _OPTIONAL
 
 
@@ -44,6 +44,8 @@ class Record:
     metrics: dict[str, Any] | None = None
     telemetry: dict[str, Any] | None = None
     duration: float | None = None
+    #: where the record was measured (executors: host, slot, device index, hardware ``profile``; docs/scale-out.md)
+    placement: dict[str, Any] | None = None
     #: keys kbench does not define (plugins add fields): kept, and written back as they came
     extra: dict[str, Any] = field(default_factory=dict)
     #: the keys of the JSON object this record was read from, in order (empty: built in code)
@@ -169,6 +171,12 @@ class Record:
     def tunables(self) -> dict[str, Any]:
         """The settings the backend ran with (``backend_info.tunables``); {} for a backend without tunables."""
         return dict((self.backend_info or {}).get("tunables") or {})
+
+    @property
+    def profile(self) -> str | None:
+        """The hardware profile of the device the record ran on (``placement.profile``), or None (an older
+        file: the result header's ``hardware`` stands for every record)."""
+        return (self.placement or {}).get("profile")
 
     def telemetry_item(self, *path: str) -> Any:
         """An entry of the device telemetry (``"energy"``, ``"throttled_samples"``, ``"after", "power_limit_w"``,

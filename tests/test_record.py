@@ -23,10 +23,28 @@ from kbench.record import Record, as_records, records_of
 from kbench.results import load_result, validate_record
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = sorted(p for p in (ROOT / "results").rglob("*.json") if p.name != "calibration.json")
+
 ATTENTION = ROOT / "results/cpu-amd-epyc-2c/attention-20261129-183310.json"
 DECODE = ROOT / "results/cpu-amd-epyc-2c/decode-cpu.json"
 SMALL = {"seqlen": 64, "heads": 4, "head_dim": 32}
+
+
+def _result_files() -> list[Path]:
+    """The kbench result files under results/ (calibrations and gpu-check outputs lie beside them)."""
+    from kbench.results import FORMAT
+
+    out = []
+    for p in sorted((ROOT / "results").rglob("*.json")):
+        try:
+            data = json.loads(p.read_text())
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("format") == FORMAT and data.get("records"):
+            out.append(p)
+    return out
+
+
+COMMITTED = _result_files()
 
 
 # -- round trip ------------------------------------------------------------------------------------
@@ -34,7 +52,6 @@ SMALL = {"seqlen": 64, "heads": 4, "head_dim": 32}
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
 def test_every_committed_record_round_trips_to_the_same_json_text(path):
     raw = json.loads(path.read_text())
-    assert raw["records"], path
     for i, rec in enumerate(raw["records"]):
         back = Record.from_json(rec).to_json()
         assert json.dumps(back) == json.dumps(rec), (path.name, i)   # same keys, values and key order
@@ -108,6 +125,7 @@ def test_a_malformed_record_is_bad_input_naming_file_and_place(bad, where, says)
 # -- accessors on real records ---------------------------------------------------------------------
 
 def test_accessors_read_the_committed_records():
+    assert {ATTENTION, DECODE} <= set(COMMITTED)
     recs = records_of(load_result(ATTENTION))
     raw = json.loads(ATTENTION.read_text())["records"]
     passed = [(r, d) for r, d in zip(recs, raw) if d["status"] == "passed"]
@@ -184,6 +202,38 @@ def test_a_pair_whose_settings_differ_says_so():
     [pair] = compare_runs(base, new)
     assert pair.change is Change.SAME and pair.note == "settings differ: block_q 128 -> 64"
     assert compare_runs(base, same)[0].note == ""
+
+
+def _placed(rec, profile):
+    return {**rec, "placement": {"host": "node", "executor": "ray", "device": "cuda", "profile": profile}}
+
+
+def test_records_of_different_gpu_models_in_one_file_are_paired_per_profile():
+    def run(name, h200_scale, seeds):
+        return result([_placed(record("numpy", SMALL, lognormal(1e-4, 0.01, 60, seed=seeds[0])), "h100-sxm"),
+                       _placed(record("numpy", SMALL, lognormal(1e-4 * h200_scale, 0.01, 60, seed=seeds[1])), "h200")],
+                      name=name)
+    base, new = run("s", 0.5, (10, 11)), run("s", 0.5, (12, 13))
+    pairs = compare_runs(base, new)
+    assert [p.case_id.rsplit(" @ ", 1)[1] for p in pairs] == ["h100-sxm", "h200"]
+    assert [p.change for p in pairs] == [Change.SAME, Change.SAME]   # no h100 time set against an h200 time
+    only_h100 = result(new["records"][:1], name="s")
+    assert [p.note for p in compare_runs(base, only_h100)] == ["", "only in the base run"]
+    assert pool_runs([base, new])["records"][0].samples == base["records"][0]["timing"]["samples"] + \
+        new["records"][0]["timing"]["samples"]
+    assert len(pool_runs([base, new])["records"]) == 2
+
+
+def test_speedups_are_taken_within_one_gpu_model():
+    from kbench.compare import speedup_vs_baseline
+
+    recs = []
+    for profile, scale, seed in (("h100-sxm", 1.0, 20), ("h200", 0.5, 30)):
+        recs += [_placed(record("numpy", SMALL, lognormal(1e-4 * scale, 0.01, 60, seed=seed)), profile),
+                 _placed(record("torch", SMALL, lognormal(0.5e-4 * scale, 0.01, 60, seed=seed + 1)), profile)]
+    table = speedup_vs_baseline(result(recs, name="s"), "numpy", lambda r: r.op)
+    assert sorted(table.groups) == ["attention @ h100-sxm", "attention @ h200"]
+    assert [round(s.speedup, 1) for s in table.cells.values()] == [2.0, 2.0]
 
 
 def test_show_json_gives_back_the_records_of_the_file():

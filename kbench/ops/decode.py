@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
+from kbench.ops.sampling import standard_normal
 from kbench.ops.attention import AttentionOp, attention_float64, softmax_scale
 
 MAX_QUERY_TOKENS = 16
@@ -102,11 +103,10 @@ class DecodeAttentionOp(Op):
         dt = case.dtype.numpy
         q_shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"])
         if p["page_size"]:
-            return self._paged_inputs(case, rng, rng.standard_normal(q_shape, dtype=np.float32).astype(dt))
+            return self._paged_inputs(case, rng, standard_normal(rng, q_shape, dt))
         kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
-        return {"q": rng.standard_normal(q_shape, dtype=np.float32).astype(dt),
-                "k": rng.standard_normal(kv_shape, dtype=np.float32).astype(dt),
-                "v": rng.standard_normal(kv_shape, dtype=np.float32).astype(dt)}
+        return {"q": standard_normal(rng, q_shape, dt),
+                "k": standard_normal(rng, kv_shape, dt), "v": standard_normal(rng, kv_shape, dt)}
 
     def _paged_inputs(self, case: Case, rng: np.random.Generator, q: np.ndarray) -> dict[str, np.ndarray]:
         p, dt = case.params, case.dtype.numpy
@@ -117,7 +117,7 @@ class DecodeAttentionOp(Op):
         for name in ("k_pages", "v_pages"):
             pool = np.empty((total, p["page_size"], p["heads_kv"], p["head_dim"]), dtype=dt)
             # the batch's pages in logical order (sequence, page), written where the table points
-            pool[table] = rng.standard_normal(pool[:used].shape, dtype=np.float32).astype(dt)
+            pool[table] = standard_normal(rng, pool[:used].shape, dt)
             # the rest of the pool: negated copies of the batch's pages (cheaper than drawing them)
             if len(spare):
                 pool[spare] = -pool[np.resize(table, len(spare))]

@@ -102,3 +102,21 @@ def kbench_check(kbench_pm):
 @pytest.fixture
 def fake_backend():
     return FunctionBackend
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """With ``KBENCH_INSTAFAIL=1``, a failure's report is printed the moment it happens, not at the end.
+
+    ``scripts/gpu-check`` sets it: its test stage runs under a deadline, and a stage killed at its budget
+    prints no end-of-session summary, so without this a failure on a lent GPU would leave only an ``F``.
+    """
+    import os
+    import sys
+
+    if report.failed and os.environ.get("KBENCH_INSTAFAIL") == "1":
+        text = str(report.longrepr)
+        lines = text.splitlines()
+        if len(lines) > 60:  # the end of a traceback says what failed; keep the log readable
+            text = "\n".join(["...", *lines[-60:]])
+        sys.stdout.write(f"\n--- FAILED {report.nodeid} ({report.when})\n{text}\n")
+        sys.stdout.flush()

@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 #: seconds per stage; with a grace period per stage the worst case is 296 s, under 5 minutes (docs/gpu.md).
 #: The suite gets most: its table is what the check is for; the budgets are estimates until a GPU run.
-BUDGETS = {"machine": 5.0, "install": 25.0, "list": 15.0, "suite": 185.0, "summary": 8.0, "tests": 40.0}
+BUDGETS = {"machine": 5.0, "install": 25.0, "list": 10.0, "suite": 110.0, "training": 60.0, "summary": 8.0,
+           "tests": 55.0}
 #: what a stage function returns when it ran out of time
 TIMED_OUT = 124
 #: seconds between SIGTERM and SIGKILL of an overrunning stage (kbench run finishes its file on SIGTERM)
@@ -46,6 +47,12 @@ GRACE_S = 3.0
 SITE = "/tmp/kbench-site"
 PLUGIN_DIRS = ("plugins/kbench-cuda", "plugins/kbench-torch", "plugins/kbench-triton")
 TEST_DIRS = ("plugins/kbench-cuda/tests", "plugins/kbench-torch/tests", "plugins/kbench-triton/tests")
+#: the GPU tests in the order they run, each group given what is left of the stage's budget: the Triton
+#: tests first (kernel files through the sandboxed substrate, the Hopper kernel, the backward), then the
+#: torch backends' training and FP8 paths through kbench's judge, then the rest
+TEST_GROUPS = (("plugins/kbench-triton/tests",), ("plugins/kbench-torch/tests", "-k", "judge"),
+               ("plugins/kbench-cuda/tests", "tests/test_paged.py"),
+               ("plugins/kbench-torch/tests", "-k", "not judge"))
 
 #: Published anchors: Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and
 #: Low-precision", 2024, forward pass, H100 SXM5, bf16, 16k total tokens, 16 heads (figure "attention
@@ -90,6 +97,10 @@ class Context:
     @property
     def result_path(self) -> Path:
         return self.out_dir / "gpu-check.json"
+
+    @property
+    def training_path(self) -> Path:
+        return self.out_dir / "gpu-check-training.json"
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -233,45 +244,58 @@ def machine_command() -> list[str]:
     return [sys.executable, "-c", probe]
 
 
-def pytest_command(ctx: Context) -> list[str]:
+def pytest_command(ctx: Context, group: Sequence[str] = TEST_DIRS) -> list[str]:
     extra = ["-p", ctx.env["KBENCH_GPU_CHECK_PYTEST_PLUGIN"]] if ctx.env.get("KBENCH_GPU_CHECK_PYTEST_PLUGIN") else []
-    return [ctx.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *extra, *TEST_DIRS]
+    return [ctx.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *extra, *group]
 
 
 def run_tests(ctx: Context, deadline: float) -> int:
-    """The GPU tests; the command is made now, after the install stage chose the environment."""
-    code, timed_out = run_command(ctx, pytest_command(ctx), deadline)
-    return TIMED_OUT if timed_out else (code or 0)
+    """The GPU tests, group by group (``TEST_GROUPS``); commands are made now, after the install stage chose
+    the environment. ``KBENCH_INSTAFAIL=1`` makes kbench's pytest plugin print each failure as it happens,
+    so a group cut off at the deadline still says what failed."""
+    ctx.env["KBENCH_INSTAFAIL"] = "1"
+    status = 0
+    for group in TEST_GROUPS:
+        ctx.say(f"-- pytest -m gpu {' '.join(group)}")
+        code, timed_out = run_command(ctx, pytest_command(ctx, group), deadline)
+        if timed_out:
+            return TIMED_OUT
+        status = status or (0 if code == 5 else code or 0)  # 5: nothing collected (every test deselected)
+    return status
 
 
 def summary_command(ctx: Context) -> list[str]:
-    return [ctx.python, str(Path(__file__).resolve()), "summarize", str(ctx.result_path),
+    return [ctx.python, str(Path(__file__).resolve()), "summarize", str(ctx.result_path), str(ctx.training_path),
             "--markdown", str(ctx.out_dir / "gpu-check-summary.md")]
 
 
 SUITE = "suites/gpu-check.yaml"
+TRAINING_SUITE = "suites/gpu-check-training.yaml"
 
 
-def dry_run_suite(ctx: Context) -> str:
+def dry_run_suite(ctx: Context, name: str = SUITE) -> str:
     """The suite with its cuda grid given to the cpu device too: on a machine without a GPU every record is
     a skip with the backend's reason, and every case of the real grid appears in the summary skeleton."""
     import yaml
 
-    suite = yaml.safe_load((ROOT / SUITE).read_text())
+    suite = yaml.safe_load((ROOT / name).read_text())
     suite["devices"]["cpu"] = suite["devices"]["cuda"]
-    path = ctx.out_dir / "gpu-check-dry-run.yaml"
+    path = ctx.out_dir / f"{Path(name).stem}-dry-run.yaml"
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
     return str(path)
 
 
 def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = ()) -> list[Stage]:
     device, suite = ("cpu", dry_run_suite(ctx)) if ctx.dry_run else ("cuda", SUITE)
+    training = dry_run_suite(ctx, TRAINING_SUITE) if ctx.dry_run else TRAINING_SUITE
     stages = [
         Stage("machine", budgets["machine"], command=machine_command()),
         Stage("install", budgets["install"], func=install),
         Stage("list", budgets["list"], command=_kbench(ctx, "list")),
         Stage("suite", budgets["suite"], command=_kbench(ctx, "run", suite, "--device", device, "-o",
                                                          str(ctx.result_path), "--force", "--no-progress")),
+        Stage("training", budgets["training"], command=_kbench(ctx, "run", training, "--device", device, "-o",
+                                                               str(ctx.training_path), "--force", "--no-progress")),
         Stage("summary", budgets["summary"], command=summary_command(ctx)),
         Stage("tests", budgets["tests"], func=run_tests),
     ]
@@ -287,12 +311,13 @@ def case_label(p: dict[str, Any]) -> str:
     sq, sk = p["seqlen_q"], p["seqlen_kv"]
     seq = f"s={sq}" if sq == sk else f"sq={sq},sk={sk}"
     heads = f"h={p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"h={p['heads_q']}/{p['heads_kv']}"
-    return f"b={p['batch']} {seq} {heads} d={p['head_dim']} {'causal' if p['causal'] else 'full'} {p['dtype']}"
+    mode = "" if p.get("mode", "fwd") == "fwd" else f" {p['mode']}"
+    return f"b={p['batch']} {seq} {heads} d={p['head_dim']} {'causal' if p['causal'] else 'full'} {p['dtype']}{mode}"
 
 
 def anchor_text(p: dict[str, Any]) -> str:
     """The published figures for the FA3 paper's 16k-token point (bf16, batch 1, seqlen 16384, 16 heads)."""
-    if p["dtype"] != "bf16" or p["batch"] != 1 or p["seqlen_q"] != 16384 or p["seqlen_kv"] != 16384 \
+    if p.get("mode", "fwd") != "fwd" or p["dtype"] != "bf16" or p["batch"] != 1 or p["seqlen_q"] != 16384 or p["seqlen_kv"] != 16384 \
             or p["heads_q"] != 16 or p["heads_kv"] != 16:
         return ""
     found = ANCHORS.get((p["head_dim"], bool(p["causal"])), {})
@@ -422,14 +447,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def summarize_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check.py summarize")
-    parser.add_argument("result")
+    parser.add_argument("result", nargs="+", help="result files (the forward suite's, then the training suite's)")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
-    data = load_partial(Path(args.result))
-    text = summarize(data)
+    parts = []
+    for path in args.result:
+        data = load_partial(Path(path))
+        parts.append(f"## {Path(path).name} {(data or {}).get('id', '')}\n\n{summarize(data)}")
+    text = "\n".join(parts)
     print(text)
     if args.markdown:
-        Path(args.markdown).write_text(f"# gpu-check {(data or {}).get('id', '')}\n\n{text}")
+        Path(args.markdown).write_text(f"# gpu-check\n\n{text}")
     return 0
 
 

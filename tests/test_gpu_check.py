@@ -122,18 +122,22 @@ def test_dry_run_runs_every_stage_on_the_cpu(tmp_path, capsys):
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
     assert [(s["name"], s["status"]) for s in stages] == [("machine", "ok"), ("install", "ok"), ("suite", "ok"),
-                                                          ("summary", "ok")]
+                                                          ("training", "ok"), ("summary", "ok")]
     assert code == 0
     assert "would run (editable)" in printed
     data = json.loads((tmp_path / "gpu-check.json").read_text())
     assert data["complete"] and {r["status"] for r in data["records"]} == {"skipped"}
     cases = {gpu_check.case_label(r["case"]) for r in data["records"]}
-    assert len(cases) == 19
+    assert len(cases) == 15
+    training = json.loads((tmp_path / "gpu-check-training.json").read_text())
+    assert training["complete"] and {r["case"]["mode"] for r in training["records"]} == {"fwd_bwd", "bwd"}
+    # the training records are summarised too, each case labelled with its mode
+    assert "gpu-check-training.json" in printed and "| b=1 s=16384 h=16 d=128 causal bf16 fwd_bwd" in printed
     assert sum("FA3 " in line for line in printed.splitlines() if line.startswith("| b=")) == 4
 
 
 def test_dry_run_with_a_suite_cut_short_still_summarises(tmp_path, capsys):
-    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,tests",
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,training,tests",
                            "--budget", "suite=0.05"])
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())

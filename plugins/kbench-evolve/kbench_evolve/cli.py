@@ -141,12 +141,21 @@ def _budget_overrides(**kw):
 @click.option("--script", type=click.Path(dir_okay=False, exists=True), hidden=True,
               help="Replay model responses from a JSON script (tests and demos; model 'kbench-replay/script').")
 @click.option("--restart", is_flag=True, help="Discard an unfinished run's state and start a new run.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Candidates proposed and screened concurrently (independent operator calls); duels and "
+                   "commits stay one at a time.")
+@click.option("--executor", default="local", show_default=True, metavar="NAME",
+              help="Where screening runs go (e.g. ray; `kbench list` shows the executors). Duels always run here.")
+@click.option("--address", metavar="ADDR", help="The cluster for --executor ray (docs/scale-out.md).")
+@click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
+              help="An executor setting for screening runs, e.g. resource=gpu_slot (repeatable).")
 @WORKSPACE
 @DEVICE
 @click.pass_obj
 def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls,
                 model, api_base, knowledge, rounds, min_gain, screen_ratio, llm_timeout, llm_retries, price_input,
-                price_output, unattended, max_outage, script, restart, workspace, device):
+                price_output, unattended, max_outage, script, restart, parallel, executor, address, executor_opts,
+                workspace, device):
     """Run variation operator OP on lineage NAME until its budgets are spent.
 
     Exit status: 0 when the run ended (finished, budget spent, stalled), 2 on bad input or when the
@@ -165,7 +174,8 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
     budget = Budget(**_budget_overrides(iterations=iterations, max_steps=max_steps, max_tokens=max_tokens,
                                         max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls))
     options = {"rounds": rounds, "min_gain": min_gain, "screen_ratio": screen_ratio, "knowledge": list(knowledge),
-               "device": device, "unattended": bool(unattended),
+               "device": device, "unattended": bool(unattended), "parallel": parallel,
+               "executor": _screen_executor(pm, executor, address, executor_opts),
                "max_outage": 86400.0 if max_outage is None else max_outage}
     if cls.uses_llm:
         model = model or os.environ.get("KBENCH_EVOLVE_MODEL")
@@ -185,6 +195,29 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
         raise BadInput(f"--price-input/--price-output are for LLM operators; {operator!r} calls no model",
                        where="--price-input", fix="drop them")
     _run(pm, lineage, make_state(operator, budget, options))
+
+
+def _screen_executor(pm, name: str, address: str | None, opts: tuple[str, ...]) -> dict | None:
+    """The executor screening runs go to, checked now (unknown, or unable to run here: exit 2 before any work);
+    None for the default, in-process local executor."""
+    if name == "local" and not address and not opts:
+        return None
+    from kbench.api import executor_kit
+
+    settings = {}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--executor-opt {opt!r} is not KEY=VALUE", where="--executor-opt",
+                           fix="e.g. --executor-opt resource=gpu_slot")
+        settings[key] = value
+    factory = pm.registry.executor(name)
+    why = factory.available()
+    if why:
+        raise BadInput(f"executor {name!r} cannot run here: {why}", where="--executor",
+                       fix="`kbench list` shows the executors and why each is unavailable")
+    factory.check(executor_kit.ExecutorOptions(devices=None, address=address, settings=settings))
+    return {"name": name, "address": address, "settings": settings}
 
 
 def _prices(price_input, price_output) -> dict:
@@ -241,10 +274,13 @@ def cost_text(spent: dict) -> str:
 @click.option("--api-base", help="Continue with another API base URL (recorded).")
 @_model_options
 @_outage_options
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="Continue with another number of concurrent candidates (recorded).")
 @WORKSPACE
 @click.pass_obj
 def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls, model,
-                   api_base, llm_timeout, llm_retries, price_input, price_output, unattended, max_outage, workspace):
+                   api_base, llm_timeout, llm_retries, price_input, price_output, unattended, max_outage, parallel,
+                   workspace):
     """Continue NAME's last run where it stopped (killed, paused by an outage, refused by the provider,
     or out of budget).
 
@@ -264,7 +300,8 @@ def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_ti
                                   max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls)
     option_changes = {k: v for k, v in {"model": model, "api_base": api_base, "timeout": llm_timeout,
                                          "retries": llm_retries, "unattended": unattended,
-                                         "max_outage": max_outage, **_prices(price_input, price_output)}.items()
+                                         "max_outage": max_outage, "parallel": parallel,
+                                         **_prices(price_input, price_output)}.items()
                       if v is not None and state["options"].get(k) != v}
     state["budget"] = {**state["budget"], **overrides}
     if state.get("status") not in RESUMABLE and not overrides:

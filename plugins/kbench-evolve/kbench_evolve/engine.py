@@ -5,13 +5,23 @@ whole suite (correctness gate on every case), then interleaved re-measurement ag
 and a statistical decision (:mod:`kbench_evolve.fitness`). Every outcome goes to the attempts log;
 only a win becomes a version. The run's progress (budgets spent, operator state) is saved after
 every step, so ``kbench evolve resume`` continues a killed or paused run where it stopped.
+
+With ``parallel`` > 1 (``--parallel N``) a variation runs N workers (threads), each an independent call of
+the operator on its own view of the context: their candidates are proposed and screened concurrently, while
+the duel against the champion and the commit are serialised (one at a time, on one device). A candidate
+another worker is measuring counts as attempted; once a worker commits, the others stop at their next step,
+and a candidate screened against a champion that has since been replaced is logged ``superseded`` (tried
+again later), never dueled against a champion it was not screened with.
 """
 from __future__ import annotations
 
+import copy
+import datetime as _dt
 import random
+import threading
 import time
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +40,10 @@ def _from_json(cls, data: dict[str, Any]):
 
 class BudgetExhausted(Exception):
     """A budget ran out: the run stops cleanly (resume with a larger budget to continue)."""
+
+
+class Superseded(Exception):
+    """Another worker of a parallel variation committed: this worker's variation is over."""
 
 
 class LLMUnavailable(Exception):
@@ -91,9 +105,25 @@ class SubmitResult:
         return f"not committed: {self.reason}"
 
 
+class _Shared:
+    """What the workers of one parallel variation share: locks, the candidates in flight, the stop flag."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()          # budgets, the state, the attempts log
+        self.duel = threading.Lock()           # the duel and the commit: one at a time, on one device
+        self.in_flight: dict[str, int] = {}    # sha -> worker measuring it
+        self.stop = threading.Event()          # a worker committed or failed: the others stop
+
+
+def clock() -> str:
+    """Wall-clock time to the millisecond, for the log of concurrent workers."""
+    return _dt.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
 @dataclass
 class VariationContext:
-    """What an operator sees and may do. One per variation; state survives in ``lineage/state.json``."""
+    """What an operator sees and may do. One per variation (one per worker with ``--parallel``: views of
+    the same budgets, state and lineage); state survives in ``lineage/state.json``."""
 
     pm: Any
     lineage: Lineage
@@ -106,6 +136,13 @@ class VariationContext:
     echo: Callable[[str], None] = print
     clock_start: float = field(default_factory=time.monotonic)
     spent_time_before: float = 0.0
+    worker: int = 0
+    parallel: int = 1
+    shared: _Shared = field(default_factory=_Shared)
+
+    def log(self, text: str) -> None:
+        """``echo``, stamped with the time and the worker when workers run concurrently."""
+        self.echo(f"[{clock()} w{self.worker}] {text.strip()}" if self.parallel > 1 else text)
 
     # -- budget ----------------------------------------------------------------------------------
 
@@ -126,31 +163,44 @@ class VariationContext:
         return None
 
     def check_budget(self) -> None:
+        if self.shared.stop.is_set():
+            raise Superseded()
         why = self.exhausted()
         if why:
             raise BudgetExhausted(why)
 
     def step(self) -> None:
         """Count one step of this variation; raise when the run's budgets are gone."""
-        self.check_budget()
-        self.spent.steps += 1
-        self.save()
+        with self.shared.lock:
+            self.check_budget()
+            self.spent.steps += 1
+            self.save()
 
     def steps_left(self) -> int:
         return self.budget.max_steps - self.spent.steps
 
     def save(self) -> None:
-        self.spent.time = self.elapsed()
-        self.state["spent"] = asdict(self.spent)
-        self.lineage.save_state(self.state)
+        with self.shared.lock:
+            self.spent.time = self.elapsed()
+            self.state["spent"] = asdict(self.spent)
+            for _ in range(10):  # another worker's operator may be changing its own op_state right now
+                try:
+                    snapshot = copy.deepcopy(self.state)
+                    break
+                except RuntimeError:
+                    continue
+            self.lineage.save_state(snapshot)
 
     @property
     def op_state(self) -> dict[str, Any]:
-        """Operator-private state of the current variation (persisted with the run)."""
-        return self.state.setdefault("variation", {})
+        """Operator-private state of the current variation (persisted with the run; one per worker)."""
+        if self.worker == 0:
+            return self.state.setdefault("variation", {})
+        return self.state.setdefault("variation_workers", {}).setdefault(str(self.worker), {})
 
     def rng(self) -> random.Random:
-        return random.Random(zlib.crc32(f"{self.lineage.name}:{len(self.lineage.attempts())}".encode()))
+        worker = f":w{self.worker}" if self.worker else ""
+        return random.Random(zlib.crc32(f"{self.lineage.name}:{len(self.lineage.attempts())}{worker}".encode()))
 
     # -- lineage -----------------------------------------------------------------------------
 
@@ -166,8 +216,9 @@ class VariationContext:
         return path
 
     def _bench_call(self) -> None:
-        self.check_budget()
-        self.spent.bench_calls += 1
+        with self.shared.lock:
+            self.check_budget()
+            self.spent.bench_calls += 1
 
     def check(self, source: str, keyword: str | None = None) -> Measurement:
         """Correctness of a candidate on every case (or those matching ``keyword``), barely timed."""
@@ -186,9 +237,16 @@ class VariationContext:
 
     def submit_cost(self) -> int:
         """kbench runs one submit takes (each runs the champion and the candidate side by side)."""
-        return self.evaluator.rounds
+        return self.evaluator.rounds + (self.evaluator.screen_executor is not None)
 
     def attempted(self, sha: str) -> dict[str, Any] | None:
+        """The logged attempt that settled ``sha`` (rejected or committed), or the one another worker is
+        measuring now."""
+        with self.shared.lock:
+            worker = self.shared.in_flight.get(sha)
+        if worker is not None and worker != self.worker:
+            return {"sha": sha, "outcome": "in flight", "time": f"now (worker {worker})",
+                    "reason": f"being measured by worker {worker}"}
         for a in self.lineage.attempts():
             if a.get("sha") == sha and a.get("outcome") in ("rejected", "committed"):
                 return a
@@ -196,14 +254,33 @@ class VariationContext:
 
     def submit(self, source: str, *, rationale: str, extra: dict[str, Any] | None = None) -> SubmitResult:
         """Measure a candidate with the harness and commit it if it beats the champion beyond noise."""
+        sha = src.sha(source)
+        with self.shared.lock:
+            if self.shared.stop.is_set():
+                raise Superseded()
+            other = self.shared.in_flight.get(sha)
+            if other is not None:  # the same candidate from two workers: measured once
+                return SubmitResult(False, f"being measured by worker {other}")
+            self.shared.in_flight[sha] = self.worker
+        try:
+            return self._submit(source, rationale=rationale, extra=extra)
+        finally:
+            with self.shared.lock:
+                self.shared.in_flight.pop(sha, None)
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        with self.shared.lock:
+            self.lineage.log_attempt(entry)
+
+    def _submit(self, source: str, *, rationale: str, extra: dict[str, Any] | None = None) -> SubmitResult:
         champion = self.champion()
         sha = src.sha(source)
         base = {"operator": self.operator, "sha": sha, "parent": champion.label, "rationale": rationale,
                 **(extra or {})}
 
         def fail(reason: str, **more) -> SubmitResult:
-            self.lineage.log_attempt({**base, "outcome": "rejected", "reason": reason, **more})
-            self.echo(f"  x {sha[:8]} {reason}")
+            self._log({**base, "outcome": "rejected", "reason": reason, **more})
+            self.log(f"  x {sha[:8]} {reason}")
             return SubmitResult(False, reason, decision=more.get("decision"), measurement=more.get("_m"))
 
         bad = src.check_syntax(source)
@@ -216,13 +293,20 @@ class VariationContext:
             return fail(f"identical to a candidate tried at {seen.get('time')} ({seen.get('reason', '')[:80]})")
         self._bench_call()
         path = self._candidate_file(source)
+        if self.parallel > 1:
+            base["worker"] = self.worker
+            self.log(f"screening {sha[:8]} ({rationale[:80]})")
+        started = time.time()
         try:
             champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
-                                                               bracket=True)
+                                                               bracket=True, remote=True)
         except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
-            self.lineage.log_attempt({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
             self.save()
             raise
+        base["screened"] = [round(started, 3), round(time.time(), 3)]  # (start, end) in Unix seconds
+        if self.parallel > 1:
+            self.log(f"screened {sha[:8]} in {base['screened'][1] - base['screened'][0]:.1f} s")
         self.save()
         if not screen.correct:
             reasons = "; ".join(f"{c}: {w}" for c, w in list(screen.failures.items())[:3])
@@ -232,20 +316,33 @@ class VariationContext:
         if not keep:
             return fail(why, scores=screen.zeroed(), result_file=screen.result_file,
                         champion_remeasured=champ_screen.geomean)
-        extra_runs = self.evaluator.rounds - 1
+        with self.shared.duel:  # one duel at a time, against the champion of the moment
+            now = self.champion()
+            if now.number != champion.number:
+                reason = f"superseded: {now.label} was committed while it was screened against {champion.label}"
+                self._log({**base, "outcome": "superseded", "reason": reason, "scores": screen.zeroed(),
+                           "result_file": screen.result_file})
+                self.log(f"  ~ {sha[:8]} {reason}")
+                raise Superseded()
+            return self._duel(source, sha, base, champion, path, champ_screen, screen, rationale, extra, fail)
+
+    def _duel(self, source, sha, base, champion, path, champ_screen, screen, rationale, extra, fail) -> SubmitResult:
+        # a screening that ran elsewhere (--executor) is no round of the duel: the duel is all on this device
+        remote = self.evaluator.screen_executor is not None
+        extra_runs = self.evaluator.rounds - (0 if remote else 1)
         if extra_runs:
             try:
                 for _ in range(extra_runs):
                     self._bench_call()
             except BudgetExhausted as exc:  # measured once, no decision: logged, and tried again on resume
-                self.lineage.log_attempt({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
-                                          "scores": screen.zeroed(), "result_file": screen.result_file})
+                self._log({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
+                           "scores": screen.zeroed(), "result_file": screen.result_file})
                 raise
         try:
             decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()),
-                                           first=(champ_screen, screen))
+                                           first=None if remote else (champ_screen, screen))
         except EnvironmentFailure as exc:
-            self.lineage.log_attempt({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
             self.save()
             raise
         self.save()
@@ -258,13 +355,62 @@ class VariationContext:
                 "suite_origin": champion.meta.get("suite_origin"), "scores": cand.zeroed(), "geomean": cand.geomean,
                 "profile": cand.profile, "champion_remeasured": decision.champion.geomean,
                 "decision": dj, "result_files": sorted({m.result_file for m in (screen, cand) if m.result_file}), "created": now_iso(), **(extra or {})}
-        version = self.lineage.commit(source, meta)
-        self.spent.commits += 1
-        self.lineage.log_attempt({**base, "outcome": "committed", "version": version.label,
-                                  "reason": decision.reason, "geomean": cand.geomean})
-        self.save()
-        self.echo(f"  + {version.label} geomean {cand.geomean:.4g} TFLOP/s ({decision.reason})")
+        with self.shared.lock:
+            version = self.lineage.commit(source, meta)
+            self.spent.commits += 1
+            if self.parallel > 1:
+                self.shared.stop.set()  # the other workers' candidates were proposed from the old champion
+            self._log({**base, "outcome": "committed", "version": version.label,
+                       "reason": decision.reason, "geomean": cand.geomean})
+            self.save()
+        self.log(f"  + {version.label} geomean {cand.geomean:.4g} TFLOP/s ({decision.reason})")
         return SubmitResult(True, decision.reason, version, cand, dj)
+
+
+def vary(op, ctx: VariationContext, parallel: int) -> str:
+    """One variation: ``op.vary(ctx)``, or ``parallel`` independent calls of it on worker views of ``ctx``
+    run concurrently (threads: the work is kbench runs in worker processes and model calls). Returns the
+    committing worker's summary, else the first worker's; "exhausted" only when every worker found nothing
+    left. The first exception of a worker (budget, outage, provider, Ctrl-C...) stops the others and is
+    raised once they have stopped."""
+    if parallel <= 1:
+        return op.vary(ctx)
+    shared = _Shared()
+    views = [replace(ctx, worker=i, parallel=parallel, shared=shared) for i in range(parallel)]
+    ops = [op] + [copy.copy(op) for _ in range(parallel - 1)]
+    summaries: list[str | None] = [None] * parallel
+    errors: list[BaseException | None] = [None] * parallel
+
+    def work(i: int) -> None:
+        try:
+            summaries[i] = ops[i].vary(views[i])
+        except Superseded:
+            summaries[i] = None
+        except BaseException as exc:  # handed to the main thread
+            errors[i] = exc
+            shared.stop.set()
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"evolve-worker-{i}", daemon=True)
+               for i in range(parallel)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # in slices, so a Ctrl-C reaches the main thread
+    except KeyboardInterrupt:
+        shared.stop.set()  # screenings in flight are abandoned (not logged: tried again on resume)
+        raise
+    for i, exc in enumerate(errors):
+        if exc is not None:
+            raise exc
+    done = [s for s in summaries if s is not None]
+    committed = [s for s in done if s.startswith("committed")]
+    if committed:
+        return "; ".join(committed)
+    if done and all(s.startswith("exhausted") for s in done):
+        return done[0]
+    return next((s for s in done if not s.startswith("exhausted")), "no commit (every worker stopped)")
 
 
 def make_state(operator: str, budget: Budget, options: dict[str, Any]) -> dict[str, Any]:
@@ -304,13 +450,15 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
                           rounds=int(opts.get("rounds", 2)), min_gain=float(opts.get("min_gain", 0.0)),
                           screen_ratio=float(opts.get("screen_ratio", 0.9)),
                           infra_retries=int(opts.get("infra_retries", 2)),
-                          infra_backoff=float(opts.get("infra_backoff", 5.0)), sleep=sleep)
+                          infra_backoff=float(opts.get("infra_backoff", 5.0)), sleep=sleep,
+                          screen_executor=opts.get("executor"))
     ctx = VariationContext(pm, lineage, evaluator, budget, spent, state, name, knowledge=knowledge, echo=echo,
                            spent_time_before=spent.time)
     state["status"] = "running"
     ctx.save()
     status = "finished"
     unattended = bool(opts.get("unattended"))
+    parallel = max(1, int(opts.get("parallel", 1)))
     max_outage = float(opts.get("max_outage", OUTAGE_LIMIT))
     wait = float(opts.get("outage_first_wait", OUTAGE_FIRST_WAIT))
     waited = 0.0
@@ -321,9 +469,10 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
             status = "budget"
             break
         echo(f"variation {spent.iterations + 1}/{budget.iterations} with {name} "
-             f"(champion {lineage.champion().label}, {lineage.champion().geomean:.4g} TFLOP/s)")
+             f"(champion {lineage.champion().label}, {lineage.champion().geomean:.4g} TFLOP/s"
+             + (f"; {parallel} workers screening concurrently)" if parallel > 1 else ")"))
         try:
-            summary = op.vary(ctx)
+            summary = vary(op, ctx, parallel)
         except BudgetExhausted as exc:
             echo(f"stop: {exc}")
             status = "budget"
@@ -359,6 +508,7 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
         spent.iterations += 1
         spent.steps = 0
         state["variation"] = {}
+        state.pop("variation_workers", None)
         ctx.save()
         if summary.startswith("exhausted"):
             status = "stalled"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +188,7 @@ class Evaluator:
     def __init__(self, pm, suite: str | Path | Suite, runs_dir: Path, *, device: str = "auto",
                  min_gain: float = 0.0, rounds: int = 2, on_run=None, infra_retries: int = 2,
                  infra_backoff: float = 5.0, infra_backoff_cap: float = 120.0, screen_ratio: float = SCREEN_RATIO,
-                 sleep=time.sleep) -> None:
+                 sleep=time.sleep, screen_executor: dict[str, Any] | None = None) -> None:
         self.pm = pm
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         self.runs_dir = Path(runs_dir)
@@ -200,6 +201,9 @@ class Evaluator:
         self.infra_backoff_cap = infra_backoff_cap
         self.screen_ratio = screen_ratio
         self.sleep = sleep
+        #: where screening runs go (``{"name": "ray", "address": ..., "settings": {...}}``); None: here. Duels,
+        #: checks and benchmarks always run here, on the lineage's device
+        self.screen_executor = screen_executor
 
     def _suite(self, check_only: bool) -> Suite:
         if not check_only:
@@ -212,20 +216,26 @@ class Evaluator:
         return suite_from_data(data, path=self.suite.path)
 
     def _run_once(self, kernels: list[str], *, label: str, keyword: str | None,
-                  check_only: bool) -> list[Measurement]:
+                  check_only: bool, remote: bool = False) -> list[Measurement]:
         from kbench.api import KbenchError, RunRequest, plan_run, run_suite
 
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        output = self.runs_dir / f"{stamp}-{label}.json"
+        # concurrent workers (--parallel) may start runs in the same microsecond: their thread tells them apart
+        worker = "" if threading.current_thread() is threading.main_thread() else f"-{threading.get_ident():x}"
+        output = self.runs_dir / f"{stamp}-{label}{worker}.json"
         # "!*" selects no registered backend: only the kernel files run
         req = RunRequest(suite=self._suite(check_only), device=self.device, backend_patterns=["!*"],
                          kernel_files=kernels, keyword=keyword, output=output)
+        if remote and self.screen_executor:
+            req.executor = self.screen_executor["name"]
+            req.executor_address = self.screen_executor.get("address")
+            req.executor_settings = dict(self.screen_executor.get("settings") or {})
         try:
             planned = plan_run(self.pm, req)
         except KbenchError as exc:  # a candidate that does not even load is a failed attempt
             if len(kernels) > 1:  # which one? each alone: the one that does not load gets its failure
-                return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only)[0]
-                        for i, k in enumerate(kernels)]
+                return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only,
+                                       remote=remote)[0] for i, k in enumerate(kernels)]
             m = Measurement(kernels[0], None)
             m.failures["(load)"] = f"{type(exc).__name__}: {exc}"
             return [m]
@@ -233,8 +243,8 @@ class Evaluator:
             raise EnvironmentFailure(f"the run could not be planned: {type(exc).__name__}: {exc}") from exc
         names = [b.name for b in planned.backends]
         if len(set(names)) != len(names):  # two files declaring the same NAME: measure them one by one
-            return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only)[0]
-                    for i, k in enumerate(kernels)]
+            return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only,
+                                   remote=remote)[0] for i, k in enumerate(kernels)]
         writer = run_suite(self.pm, planned)
         if self.on_run is not None:
             self.on_run()
@@ -242,11 +252,13 @@ class Evaluator:
                 for k, name in zip(kernels, names)]
 
     def run(self, kernels: list[str | Path], *, label: str, keyword: str | None = None,
-            check_only: bool = False) -> list[Measurement]:
-        """One kbench run of ``kernels`` together, retried while the environment spoils it."""
+            check_only: bool = False, remote: bool = False) -> list[Measurement]:
+        """One kbench run of ``kernels`` together, retried while the environment spoils it (``remote``: on
+        the screening executor, when there is one)."""
         wait = self.infra_backoff
         for attempt in range(self.infra_retries + 1):
-            ms = self._run_once([str(k) for k in kernels], label=label, keyword=keyword, check_only=check_only)
+            ms = self._run_once([str(k) for k in kernels], label=label, keyword=keyword, check_only=check_only,
+                                remote=remote)
             broken = {c: why for m in ms for c, why in m.infrastructure.items()}
             if not broken:
                 return ms
@@ -262,7 +274,8 @@ class Evaluator:
         return self.run([kernel], label=label, keyword=keyword, check_only=check_only)[0]
 
     def measure_pair(self, champion: str | Path, candidate: str | Path, *, label: str, keyword: str | None = None,
-                     candidate_first: bool = False, bracket: bool = False) -> tuple[Measurement, Measurement]:
+                     candidate_first: bool = False, bracket: bool = False,
+                     remote: bool = False) -> tuple[Measurement, Measurement]:
         """Champion and candidate in one run, case by case: the same conditions for both.
 
         ``bracket``: the champion runs before *and* after the candidate in each case (A B A, from a
@@ -271,12 +284,12 @@ class Evaluator:
         """
         if bracket:
             again = self._champion_copy(champion)
-            a, b, a2 = self.run([champion, candidate, again], label=label, keyword=keyword)
+            a, b, a2 = self.run([champion, candidate, again], label=label, keyword=keyword, remote=remote)
             a = a.merge(a2)
         elif candidate_first:
-            b, a = self.run([candidate, champion], label=label, keyword=keyword)
+            b, a = self.run([candidate, champion], label=label, keyword=keyword, remote=remote)
         else:
-            a, b = self.run([champion, candidate], label=label, keyword=keyword)
+            a, b = self.run([champion, candidate], label=label, keyword=keyword, remote=remote)
         if not a.correct and a.failures and b.correct:
             # the champion was correct when committed: failing now means the environment changed
             raise EnvironmentFailure("the champion itself failed on re-measurement (environment changed?): "

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
+from kbench.ops.sampling import standard_normal
 from kbench.ops.attention import AttentionOp, attention_float64, plugin_reference, softmax_scale
 
 #: shape parameter of the lognormal distribution (of log-length); its mean is set from ``seqlen_mean``
@@ -207,7 +208,7 @@ class VarlenAttentionOp(Op):
         shapes = {"q": (sum(q_lens), p["heads_q"], p["head_dim"]),
                   "k": (sum(kv_lens), p["heads_kv"], p["head_dim"]),
                   "v": (sum(kv_lens), p["heads_kv"], p["head_dim"])}
-        inputs = {name: rng.standard_normal(shape, dtype=np.float32).astype(dt) for name, shape in shapes.items()}
+        inputs = {name: standard_normal(rng, shape, dt) for name, shape in shapes.items()}
         inputs["cu_seqlens_q"], inputs["cu_seqlens_kv"] = cumulative(q_lens), cumulative(kv_lens)
         return inputs
 

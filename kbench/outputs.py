@@ -256,3 +256,8 @@ def claim_result_file(path: Path, *, force: bool = False, resuming: bool = False
                        fix="give another name, leave out -o for a new unique name, add --force to overwrite it, "
                            "or --resume it to finish an interrupted run")
     return lock
+
+
+def journal_path(path: Path) -> Path:
+    """The append-only journal beside a result file that its run writes records to (kbench.results)."""
+    return path.with_name(f".{path.name}.journal")

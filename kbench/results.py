@@ -1,5 +1,10 @@
 """Result files: versioned JSON under results/<machine>/, validated on write and read, written atomically.
 
+A run's records go first to an append-only journal beside the file (``.<name>.journal``, one JSON line per
+record, fsync'd), so writing stays linear in the run; the JSON file is rewritten at the start, at checkpoints
+and at the end (when the journal is folded in and removed). :func:`load_result` folds a journal it finds,
+so a run killed at any point reads (and resumes) with everything but the record being written.
+
 Format history (``version``):
   1  draft format: raw samples as integer nanoseconds in ``timing.samples_ns``
   2  current: raw samples in seconds in ``timing.samples``
@@ -7,8 +12,13 @@ Older files are migrated on read; newer ones are refused.
 """
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
+import os
+import secrets
+import time
+import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -17,11 +27,29 @@ from typing import Any, Callable, Iterable
 import jsonschema
 
 from kbench.errors import BadInput, OutputError
-from kbench.outputs import atomic_write, hold_result_lock, output_error, release_result_lock
+from kbench.outputs import (atomic_write, current_umask, hold_result_lock, journal_path, output_error,
+                            release_result_lock)
 from kbench.yamlsource import MAX_DEPTH
 
 RESULT_VERSION = 2
 FORMAT = "kbench-result"
+JOURNAL_FORMAT = "kbench-journal"
+
+#: a writer rewrites the JSON file after this many journal records, or the number the file holds if larger
+#: (so the rewrites add up to at most about twice the final file: linear in the run)...
+CHECKPOINT_RECORDS = 100
+#: ...or once this many seconds have passed since the last rewrite, and at most this share of the time
+CHECKPOINT_SECONDS = 10.0
+CHECKPOINT_SHARE = 0.02
+
+
+def results_root() -> Path:
+    """Where result files live: ``$KBENCH_RESULTS``, else ``./results``."""
+    return Path(os.environ.get("KBENCH_RESULTS") or "results")
+
+
+class JournalNote(UserWarning):
+    """Something about a result file's journal a reader should know (a torn last line, a stale journal)."""
 
 
 @lru_cache(maxsize=None)
@@ -67,26 +95,67 @@ def migrate(data: dict[str, Any], *, file: str | None = None) -> dict[str, Any]:
     return data
 
 
+@lru_cache(maxsize=None)
+def _validators(plain_samples: bool) -> tuple[jsonschema.Draft202012Validator, jsonschema.Draft202012Validator]:
+    """(whole file, one record), built once per process with the schema's ``$ref``s inlined (resolving a
+    reference per array item, and building the validator per call, made a file take ~0.5 s).
+
+    ``plain_samples``: ``timing.samples`` is only checked to be an array, for data whose samples
+    :func:`_plain_samples` has already checked item by item (a few thousand per record, the bulk of the work)."""
+    schema = copy.deepcopy(result_schema())
+    defs = schema.get("$defs", {})
+    if plain_samples:
+        defs["record"]["properties"]["timing"]["properties"]["samples"] = {"type": "array"}
+
+    def inline(node: Any, depth: int = 0) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/") and depth < 32:
+                return inline(defs[ref.rsplit("/", 1)[1]], depth + 1)
+            return {k: inline(v, depth) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v, depth) for v in node]
+        return node
+
+    whole = inline(schema)
+    return (jsonschema.Draft202012Validator(whole), jsonschema.Draft202012Validator(whole["$defs"]["record"]))
+
+
+def _plain_samples(records: Iterable[Any]) -> bool:
+    """Every record's ``timing.samples`` (where it is a list) holds only non-negative ints and floats, which is
+    what the schema asks of each item; when not, the full schema finds and names the bad one."""
+    for rec in records:
+        timing = rec.get("timing") if isinstance(rec, dict) else None
+        samples = timing.get("samples") if isinstance(timing, dict) else None
+        if isinstance(samples, list) and samples:
+            if not set(map(type, samples)) <= {float, int} or min(samples) < 0:
+                return False
+    return True
+
+
+def _where(error: jsonschema.ValidationError) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+
+
 def validate(data: dict[str, Any], *, file: str | None = None) -> None:
-    validator = jsonschema.Draft202012Validator(result_schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    records = data.get("records") if isinstance(data, dict) else None
+    plain = _plain_samples(records) if isinstance(records, list) else False
+    error = jsonschema.exceptions.best_match(_validators(plain)[0].iter_errors(data))
     if error is not None:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-        raise BadInput(f"invalid result file: {error.message}", file=file, where=where or "(top level)",
+        raise BadInput(f"invalid result file: {error.message}", file=file, where=_where(error) or "(top level)",
                        fix="the file was edited or truncated by hand; re-run the suite to regenerate it")
 
 
 def validate_record(record: dict[str, Any], *, file: str | None = None) -> None:
-    schema = {**result_schema()["$defs"]["record"], "$defs": result_schema()["$defs"]}
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(record))
+    error = jsonschema.exceptions.best_match(_validators(_plain_samples([record]))[1].iter_errors(record))
     if error is not None:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
         raise BadInput(f"invalid record for {record.get('backend')} {record.get('case_id')}: {error.message}",
-                       file=file, where=where or "(record)", fix="this is a bug in the backend's plugin or kbench")
+                       file=file, where=_where(error) or "(record)", fix="this is a bug in the backend's plugin or kbench")
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    """Read, migrate and validate a result file."""
+    """Read, migrate and validate a result file, with the records of its journal (a run still writing it,
+    or one that was killed) folded in."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -113,6 +182,7 @@ def load_result(path: str | Path) -> dict[str, Any]:
         raise BadInput("not a kbench result file (no `format: kbench-result`)", file=str(path),
                        fix="give a file written by `kbench run`")
     data = migrate(data, file=str(path))
+    fold_journal(path, data)
     validate(data, file=str(path))
     return data
 
@@ -137,10 +207,107 @@ def _depth(data: Any) -> int:
     return deepest
 
 
+def read_journal(path: Path, token: Any) -> list[tuple[int, dict[str, Any]]]:
+    """The (index, record) entries of the journal beside the result file ``path`` that belongs to the file's
+    writer ``token``. A journal of another writer (a crash between rewriting the file and starting the new
+    journal) is ignored; a torn last line (a kill while it was written) is ignored with a
+    :class:`JournalNote`; any other damage is bad input naming the journal's line."""
+    jpath = journal_path(path)
+    try:
+        raw = jpath.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise BadInput(f"cannot read the result file's journal: {exc}", file=str(jpath),
+                       fix="check permissions") from None
+    lines = raw.split(b"\n")
+    torn = lines.pop()  # b"" when the journal ends with its newline
+    header = _journal_line(jpath, lines, 0) if lines else None
+    if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT or header.get("file") != token \
+            or not isinstance(token, str):
+        return []
+    if torn:
+        warnings.warn(f"{jpath}: the last line ({len(torn)} bytes) was cut short, by a run killed while writing "
+                      f"it; that record is not in the result", JournalNote, stacklevel=4)
+    entries = []
+    for n in range(1, len(lines)):
+        entry = _journal_line(jpath, lines, n)
+        if not (isinstance(entry, dict) and isinstance(entry.get("i"), int) and isinstance(entry.get("record"), dict)):
+            raise BadInput("a journal line is not an entry {\"i\": N, \"record\": {...}}", file=str(jpath),
+                           where=f"line {n + 1}", fix="the journal was edited; remove it to keep only the JSON file's records")
+        entries.append((entry["i"], entry["record"]))
+    return entries
+
+
+def _journal_line(jpath: Path, lines: list[bytes], n: int) -> Any:
+    try:
+        return json.loads(lines[n], parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # a complete line (it ends in a newline): damage, not a kill
+        raise BadInput("a journal line is not valid JSON", file=str(jpath), where=f"line {n + 1}",
+                       fix="the journal is damaged; remove it to keep only the JSON file's records") from None
+
+
+def fold_journal(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Append to ``data["records"]`` the journal's records the file does not hold yet (in place)."""
+    records = data.get("records")
+    if not isinstance(records, list):
+        return data
+    for i, record in read_journal(Path(path), data.get("journal")):
+        if i < len(records):
+            continue  # already in the file (a checkpoint was written after it)
+        if i > len(records):
+            raise BadInput(f"the journal skips from record {len(records)} to {i}", file=str(journal_path(Path(path))),
+                           fix="the journal is damaged; remove it to keep only the JSON file's records")
+        depth = _depth(record)
+        if depth > MAX_DEPTH - 2:
+            raise BadInput(f"a journal record is nested {depth} levels deep", file=str(journal_path(Path(path))),
+                           fix="give a file written by `kbench run`")
+        records.append(record)
+    return data
+
+
+def journal_write(fd: int, data: bytes) -> None:
+    """Append ``data`` to the open journal ``fd`` and sync it to the disk."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fdatasync(fd)  # the data and the file's new size; not its times
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it: readers never see half a file.
-    The file gets the umask's permissions, like any file the user makes."""
-    atomic_write(Path(path), lambda fh: json.dump(data, fh, indent=1, allow_nan=False, default=_json_default))
+    The file gets the umask's permissions, like any file the user makes. A result file is written with its
+    header indented and one record per line (each encoded once by its writer, see :class:`Records`)."""
+    atomic_write(Path(path), lambda fh: fh.writelines(_json_chunks(data)))
+
+
+def encode_record(record: dict[str, Any]) -> str:
+    """A record as one line of JSON (NaN refused: :func:`sanitize` first)."""
+    return json.dumps(record, allow_nan=False, default=_json_default, separators=(",", ":"))
+
+
+class Records(list):
+    """A result's records with their JSON text (``texts``), encoded once for the journal and every rewrite."""
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()) -> None:
+        super().__init__(records)
+        self.texts = [encode_record(r) for r in self]
+
+
+def _json_chunks(data: Any) -> Iterable[str]:
+    records = data.get("records") if isinstance(data, dict) and data.get("format") == FORMAT else None
+    if not isinstance(records, list):
+        yield json.dumps(data, indent=1, allow_nan=False, default=_json_default)
+        return
+    texts = getattr(records, "texts", None)
+    if not isinstance(texts, list) or len(texts) != len(records):
+        texts = [encode_record(r) for r in records]
+    head = json.dumps({k: v for k, v in data.items() if k != "records"}, indent=1, allow_nan=False,
+                      default=_json_default)
+    yield head[:-2] + ',\n "records": [' if len(head) > 2 else '{\n "records": ['
+    for i, text in enumerate(texts):
+        yield ("\n  " if i == 0 else ",\n  ") + text
+    yield "\n ]\n}\n" if texts else "]\n}\n"
 
 
 def _json_default(obj: Any) -> Any:
@@ -164,53 +331,137 @@ def sanitize(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: sanitize(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        if obj and set(map(type, obj)) == {float} and math.isfinite(sum(obj)):
+            return list(obj)  # timing samples: thousands of finite floats, checked in C (a NaN or inf sums to one)
         return [sanitize(v) for v in obj]
     return obj
 
 
 class ResultWriter:
-    """A result file being written: every record is appended and the file rewritten atomically.
+    """A result file being written: each record is appended to the journal (one fsync'd line), and the file
+    rewritten atomically at the start, at checkpoints and at :meth:`finish`, which folds the journal in.
 
+    Checkpoints come after ``checkpoint_records`` journal records (or as many as the file already holds, so
+    rewriting stays linear in the run) or ``checkpoint_seconds`` after the last one (at most
+    :data:`CHECKPOINT_SHARE` of the time), so a reader of the bare JSON sees progress too.
     The writer owns its file: it holds the file's lock (:func:`kbench.outputs.hold_result_lock`; the one
     ``plan_run`` took, else a new one) until :meth:`finish`, so a second run on the same file is refused.
     A failed write raises :class:`~kbench.errors.OutputError` saying what the file still holds.
     """
 
-    def __init__(self, path: Path, header: dict[str, Any], records: Iterable[dict[str, Any]] = ()) -> None:
+    def __init__(self, path: Path, header: dict[str, Any], records: Iterable[dict[str, Any]] = (), *,
+                 checkpoint_records: int = CHECKPOINT_RECORDS, checkpoint_seconds: float = CHECKPOINT_SECONDS
+                 ) -> None:
         self.path = Path(path)
+        # a new journal id per writer: a journal another writer of this path left is never folded in
         self.data = {"format": FORMAT, "version": RESULT_VERSION, **header, "complete": False,
-                     "records": list(records)}
+                     "journal": secrets.token_hex(8), "records": Records(records)}
         self.data.setdefault("created", now_iso())
-        #: records the file on disk holds (what a failed write leaves)
+        #: records the file on disk holds, journal included (what a failed write leaves)
         self.written: int | None = None
+        self.checkpoint_records = max(1, int(checkpoint_records))
+        self.checkpoint_seconds = float(checkpoint_seconds)
+        self._fd: int | None = None
+        self._journal_size = 0      # bytes of complete lines in the journal
+        self._in_file = 0           # records the JSON file holds
+        self._last_checkpoint = time.monotonic()
+        self._checkpoint_cost = 0.0
         hold_result_lock(self.path)
+        validate(self.data, file=str(self.path))  # every record once; after this each is checked as appended
         self.flush(full=True)
 
     def append(self, record: dict[str, Any]) -> None:
         record = sanitize(record)
         validate_record(record, file=str(self.path))  # one record, not the whole file: appends stay O(1)
-        self.data["records"].append(record)
-        self.flush()
+        text = encode_record(record)
+        records = self.data["records"]
+        line = f'{{"i":{len(records)},"record":{text}}}\n'.encode()
+        records.append(record)
+        records.texts.append(text)
+        try:
+            journal_write(self._journal(), line)
+        except OSError as exc:
+            self._cut_journal()
+            raise self._write_error(exc) from None
+        self._journal_size += len(line)
+        self.written = len(self.data["records"])
+        if self._checkpoint_due():
+            self.flush()
 
     def finish(self, *, interrupted: str | None = None, extra: dict[str, Any] | None = None) -> None:
-        """Mark the file complete (or interrupted), merge ``extra`` into the header, write it, release the lock."""
+        """Mark the file complete (or interrupted), merge ``extra`` into the header, write it with every record
+        (the journal folded in and removed), release the lock."""
         self.data["complete"] = interrupted is None
         self.data["interrupted"] = interrupted
         self.data.update(extra or {})
         try:
             self.flush(full=True)
+            self._close_journal(remove=True)
         finally:
+            self._close_journal(remove=False)
             release_result_lock(self.path)
 
     def flush(self, *, full: bool = False) -> None:
+        """Rewrite the JSON file with every record (a checkpoint) and start the journal again."""
         self.data["updated"] = now_iso()
-        if full:
-            validate(self.data, file=str(self.path))
+        if full:  # the header: the records were validated as they came in
+            validate({**self.data, "records": []}, file=str(self.path))
+        start = time.monotonic()
         try:
             atomic_write_json(self.path, self.data)
         except OSError as exc:
             raise self._write_error(exc) from None
-        self.written = len(self.data["records"])
+        self.written = self._in_file = len(self.data["records"])
+        try:  # the file holds every record now: the journal's entries are below its count, and skipped on read
+            self._restart_journal()
+        except OSError as exc:
+            raise self._write_error(exc) from None
+        self._last_checkpoint = time.monotonic()
+        self._checkpoint_cost = self._last_checkpoint - start
+
+    def _checkpoint_due(self) -> bool:
+        pending = len(self.data["records"]) - self._in_file
+        if pending >= max(self.checkpoint_records, self._in_file):
+            return True
+        since = time.monotonic() - self._last_checkpoint
+        return since >= max(self.checkpoint_seconds, self._checkpoint_cost / CHECKPOINT_SHARE)
+
+    # -- the journal ------------------------------------------------------------------------------
+
+    def _journal(self) -> int:
+        if self._fd is None:
+            self._restart_journal()
+        assert self._fd is not None
+        return self._fd
+
+    def _restart_journal(self) -> None:
+        """An empty journal (its header line only) for this writer's file."""
+        header = json.dumps({"format": JOURNAL_FORMAT, "file": self.data["journal"]}).encode() + b"\n"
+        if self._fd is None:
+            self._fd = os.open(journal_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666 & ~current_umask())
+        os.ftruncate(self._fd, 0)
+        self._journal_size = 0
+        journal_write(self._fd, header)
+        self._journal_size = len(header)
+
+    def _cut_journal(self) -> None:
+        """After a failed append: drop a partly written line, so the journal ends with a whole one."""
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, self._journal_size)
+            except OSError:
+                pass  # a reader ignores a torn last line anyway
+
+    def _close_journal(self, *, remove: bool) -> None:
+        if self._fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(journal_path(self.path))
+            except OSError:
+                pass  # its entries are all in the file now: a reader skips them
+        os.close(self._fd)
+        self._fd = None
 
     def _write_error(self, exc: OSError) -> OutputError:
         if self.written is None and not self.path.exists():

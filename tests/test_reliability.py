@@ -224,15 +224,16 @@ def test_8_file_size_limit_keeps_the_records_and_says_how_to_resume(tmp_path, mo
     from kbench import results
 
     out = tmp_path / "r.json"
-    real, writes = results.atomic_write_json, []
+    real, real_line, writes = results.atomic_write_json, results.journal_write, []
 
-    def limited(path, data):
+    def limited(path, data, real=real):
         writes.append(path)
-        if len(writes) >= 3:
+        if len(writes) >= 4:  # the file, the journal's first line, the first record, then the second record
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
         real(path, data)
 
     monkeypatch.setattr(results, "atomic_write_json", limited)
+    monkeypatch.setattr(results, "journal_write", lambda fd, data: limited(fd, data, real_line))
     res = invoke("run", "suites/smoke.yaml", "-b", "numpy", "-k", "noncausal and hkv=4", "--no-progress",
                  "--no-isolate", "-o", out)
     assert res.exit_code == 2, res.output
@@ -241,6 +242,7 @@ def test_8_file_size_limit_keeps_the_records_and_says_how_to_resume(tmp_path, mo
     assert kept["complete"] is False and len(kept["records"]) == 1
     assert "the 1 records written before" in res.output
     monkeypatch.setattr(results, "atomic_write_json", real)
+    monkeypatch.setattr(results, "journal_write", real_line)
     res = invoke("run", "--resume", out, "--no-isolate")
     assert res.exit_code == 0, res.output
     assert load_result(out)["complete"] is True and len(load_result(out)["records"]) == 2
@@ -292,6 +294,7 @@ def test_8_writer_error_is_an_output_error_not_an_error_record(tmp_path, monkeyp
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(results, "atomic_write_json", full)
+    monkeypatch.setattr(results, "journal_write", full)
     with pytest.raises(OutputError, match="the disk is full.*the 1 records written before") as err:
         writer.append(record(backend="numpy-flash"))
     assert err.value.exit_code == 2 and f"--resume {tmp_path / 'r.json'}" in err.value.message

@@ -212,7 +212,7 @@ class CallRunner:
                 for buf in outs[i].values():
                     dev.repoison(buf)
                 holder: list[Any] = []
-                fn = _nothing if kind == "empty" else self._call(inputs[i], outs[i], holder, watch)
+                fn = _nothing if kind == "empty" else self._call(inputs[i], outs[i], holder, watch, reply)
                 dev.before_sample()
                 before = thread_counts()
                 start = time.perf_counter_ns()
@@ -256,8 +256,13 @@ class CallRunner:
         reply["threads"] = list(self.watch.max_seen)
         return reply
 
-    def _call(self, dev_in: dict[str, Any], out: dict[str, Any], holder: list[Any], watch) -> Callable[[], None]:
-        """The timed function of one call; a split case runs its untimed forward here, before it."""
+    def _call(self, dev_in: dict[str, Any], out: dict[str, Any], holder: list[Any], watch,
+              reply: dict[str, Any]) -> Callable[[], None]:
+        """The timed function of one call; a split case runs its untimed forward here, before it.
+
+        The forward's start/end stamps go into ``reply["untimed"]``: the judge checks them against its
+        clock like the samples' and does not count that time as unexplained.
+        """
         kernel = self.kernel
         if not self.backward_inputs:
             def fn() -> None:
@@ -266,6 +271,7 @@ class CallRunner:
         later = [dev_in[n] for n in self.backward_inputs]
         first = [v for n, v in dev_in.items() if n not in self.backward_inputs]
         before = thread_counts()
+        begin = time.perf_counter_ns()
         if watch is not None:
             with watch:
                 saved = kernel.forward(*first)
@@ -273,6 +279,7 @@ class CallRunner:
         else:
             saved = kernel.forward(*first)
         self.device.synchronize()
+        reply.setdefault("untimed", []).append((begin, time.perf_counter_ns()))
         self._after_call(before)
         buffers = list(out.values())
 

@@ -250,13 +250,22 @@ class Judge:
             raise CheckFailed(str(reply["fault"]))
         if not (isinstance(samples, list) and isinstance(stamps, list) and len(samples) == len(stamps) == len(slots)):
             raise ProtocolError(f"the runner's {kind} batch reply does not hold one sample and one stamp per call")
-        last = start
+        untimed = reply.get("untimed")
+        if untimed is not None and not (isinstance(untimed, list) and len(untimed) == len(slots)
+                                        and all(_is_stamp(u) for u in untimed)):
+            raise ProtocolError(f"the runner's {kind} batch reply has malformed untimed-forward stamps")
+        last, forward_ns = start, 0
         for i, (t, stamp) in enumerate(zip(samples, stamps)):
-            ok = (isinstance(t, float) and math.isfinite(t) and t >= 0 and isinstance(stamp, (tuple, list))
-                  and len(stamp) == 2 and all(isinstance(x, int) for x in stamp))
+            ok = isinstance(t, float) and math.isfinite(t) and t >= 0 and _is_stamp(stamp)
             if not ok:
                 raise ProtocolError(f"call {i + 1} of a {kind} batch has a malformed sample or stamp")
             begin, end = stamp
+            if untimed is not None:  # the untimed forward of a split call: before its sample, after the last
+                f_begin, f_end = untimed[i]
+                if not last <= f_begin <= f_end <= begin:
+                    raise CheckFailed(f"samples do not add up: the untimed forward of call {i + 1} of a {kind} "
+                                      f"batch is stamped outside its place before the timed call (forged stamps)")
+                forward_ns += f_end - f_begin
             if not last <= begin <= end <= stop:
                 raise CheckFailed(f"samples do not add up: call {i + 1} of a {kind} batch claims to run outside the "
                                   f"parent's clock window of the batch (timers patched or samples forged)")
@@ -265,7 +274,8 @@ class Judge:
                                   f"{(end - begin) * 1e-9:.3g} s of its own stamps")
             last = end
         self.threads = reply.get("threads")
-        return [float(t) for t in samples], (stop - start) * 1e-9
+        # the untimed forwards (verified stamps, never overlapping a sample) are explained time, not the loop's
+        return [float(t) for t in samples], (stop - start - forward_ns) * 1e-9
 
     def _outputs(self, slot: int) -> dict[str, np.ndarray]:
         return {name: np.array(view, copy=True) for name, view in self.layout.output_views(self.buf, slot).items()}
@@ -433,6 +443,10 @@ class Judge:
             except BufferError:
                 pass
             self.buf = None
+
+
+def _is_stamp(stamp: Any) -> bool:
+    return isinstance(stamp, (tuple, list)) and len(stamp) == 2 and all(isinstance(x, int) for x in stamp)
 
 
 def _pair_ok(sampled: float, wall: float, empty: float) -> bool:

@@ -9,11 +9,15 @@ from kbench.ops import Case
 from kbench.ops.attention import softmax_scale
 
 
+def _group_q(x: np.ndarray, hkv: int) -> np.ndarray:
+    """A query-shaped (b, s, hq, d) array as float32 (b, hkv, group, s, d)."""
+    b, sq, hq, d = x.shape
+    return x.astype(np.float32, copy=False).reshape(b, sq, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4)
+
+
 def _grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """float32 views as (b, hkv, group, s, d) for q and (b, hkv, s, d) for k and v."""
-    b, sq, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.astype(np.float32, copy=False).reshape(b, sq, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4)
+    qg = _group_q(q, k.shape[2])
     kg = k.astype(np.float32, copy=False).transpose(0, 2, 1, 3)
     vg = v.astype(np.float32, copy=False).transpose(0, 2, 1, 3)
     return qg, kg, vg
@@ -74,7 +78,7 @@ def attention_backward_numpy(q, k, v, do, *, causal: bool, scale: float, window:
     dQ = scale dS K, dK = scale dS^T Q; GQA gradients summed over the query heads of a kv head.
     """
     qg, kg, vg = _grouped(q, k, v)
-    dog = _grouped(do, k, v)[0]
+    dog = _group_q(do, k.shape[2])
     sq, sk = q.shape[1], k.shape[1]
     raw = np.matmul(qg, kg[:, :, None].swapaxes(-1, -2)) * np.float32(scale)
     if softcap:
@@ -113,42 +117,115 @@ class NumpyTraining(TrainingKernel):
 
 def attention_numpy_flash(q, k, v, out, *, causal: bool, scale: float, block_q: int = 128,
                           block_k: int = 128, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> None:
-    """Tiled attention with an online softmax: never holds more than block_q x block_k scores.
+    """Tiled attention with an online softmax: never holds more than block_q x block_k scores."""
+    o, _ = flash_forward(*_grouped(q, k, v), causal=causal, scale=scale, block_q=block_q, block_k=block_k,
+                         window=window, softcap=softcap)
+    _ungroup(o, out)
 
-    For each query block, walk the key blocks left to right keeping a running row maximum ``m``,
-    a running denominator ``l`` and an unnormalised accumulator; rescale both by exp(m_old - m_new)
-    when the maximum grows. Key blocks entirely outside the causal/window band are skipped.
-    """
-    qg, kg, vg = _grouped(q, k, v)
-    b, hkv, g, sq, d = qg.shape
-    sk = kg.shape[2]
+
+def _capped_scores(qb, kb, scale: float, softcap: float):
+    """float32 scale * Q K^T of one tile, tanh-capped; and the cap's derivative (None without softcap)."""
+    raw = np.matmul(qb, kb.swapaxes(-1, -2)) * np.float32(scale)
+    if not softcap:
+        return raw, None
+    t = np.tanh(raw / np.float32(softcap))
+    return np.float32(softcap) * t, np.float32(1) - t * t
+
+
+def _band_tiles(sq: int, sk: int, block_q: int, block_k: int, causal: bool, window: tuple[int, int]):
+    """(q0, q1, k0, k1, mask or None) of every tile with a visible key; mask None when all of it is."""
     offset = sk - sq  # bottom-right alignment: row i sits at key position i + offset
     left, right = window
     right = 0 if causal else right
-    o = np.empty((b, hkv, g, sq, vg.shape[-1]), dtype=np.float32)
     for q0 in range(0, sq, block_q):
         q1 = min(q0 + block_q, sq)
-        qb = qg[:, :, :, q0:q1]
-        m = np.full((b, hkv, g, q1 - q0, 1), -np.inf, dtype=np.float32)
-        l = np.zeros_like(m)
-        acc = np.zeros((b, hkv, g, q1 - q0, vg.shape[-1]), dtype=np.float32)
         k_end = min(sk, q1 - 1 + offset + right + 1) if right >= 0 else sk
         k_start = max(0, q0 + offset - left) // block_k * block_k if left >= 0 else 0
         for k0 in range(k_start, max(k_end, 0), block_k):
             k1 = min(k0 + block_k, sk)
-            s = _scores(qb, kg[:, :, k0:k1], scale, softcap)
             visible = _visible(np.arange(q0, q1), np.arange(k0, k1), offset, causal, window)
-            if visible is not None and not visible.all():  # block straddles an edge of the band
-                s = np.where(visible, s, np.float32(-np.inf))
-            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-            m_safe = np.where(np.isfinite(m_new), m_new, np.float32(0))
-            p = np.exp(s - m_safe)
-            alpha = np.exp(np.where(np.isfinite(m), m, m_safe) - m_safe)
-            l = l * alpha + p.sum(axis=-1, keepdims=True)
-            acc = acc * alpha + np.matmul(p, vg[:, :, None, k0:k1])
-            m = m_new
-        o[:, :, :, q0:q1] = acc / np.where(l == 0, np.float32(1), l)
-    _ungroup(o, out)
+            if visible is not None and not visible.any():
+                continue
+            yield q0, q1, k0, k1, None if visible is None or visible.all() else visible
+
+
+def flash_forward(qg, kg, vg, *, causal: bool, scale: float, block_q: int, block_k: int,
+                  window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
+    """The FlashAttention forward on grouped float32 views: output and log-sum-exp (b, hkv, g, sq, 1).
+
+    For each query block, walk the key blocks of the causal/window band left to right keeping a running
+    row maximum ``m``, a running denominator ``l`` and an unnormalised accumulator; rescale both by
+    exp(m_old - m_new) when the maximum grows. A row that sees no key has output 0 and lse +inf.
+    """
+    b, hkv, g, sq, d = qg.shape
+    sk = kg.shape[2]
+    m = np.full((b, hkv, g, sq, 1), -np.inf, dtype=np.float32)
+    l = np.zeros_like(m)
+    acc = np.zeros((b, hkv, g, sq, vg.shape[-1]), dtype=np.float32)
+    for q0, q1, k0, k1, visible in _band_tiles(sq, sk, block_q, block_k, causal, window):
+        s, _ = _capped_scores(qg[:, :, :, q0:q1], kg[:, :, None, k0:k1], scale, softcap)
+        if visible is not None:  # the tile straddles an edge of the band
+            s = np.where(visible, s, np.float32(-np.inf))
+        m_old = m[:, :, :, q0:q1]
+        m_new = np.maximum(m_old, s.max(axis=-1, keepdims=True))
+        m_safe = np.where(np.isfinite(m_new), m_new, np.float32(0))
+        p = np.exp(s - m_safe)
+        alpha = np.exp(np.where(np.isfinite(m_old), m_old, m_safe) - m_safe)
+        l[:, :, :, q0:q1] = l[:, :, :, q0:q1] * alpha + p.sum(axis=-1, keepdims=True)
+        acc[:, :, :, q0:q1] = acc[:, :, :, q0:q1] * alpha + np.matmul(p, vg[:, :, None, k0:k1])
+        m[:, :, :, q0:q1] = m_new
+    seen = l > 0
+    o = acc / np.where(seen, l, np.float32(1))
+    lse = np.where(seen, np.where(np.isfinite(m), m, np.float32(0)) + np.log(np.where(seen, l, 1)), np.inf)
+    return o, lse.astype(np.float32)
+
+
+def flash_backward(qg, kg, vg, dog, o, lse, *, causal: bool, scale: float, block_q: int, block_k: int,
+                   window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
+    """The FlashAttention-2 backward (Dao 2023, Algorithm 2) on grouped float32 views.
+
+    P is recomputed per tile from the saved log-sum-exp (never stored whole); D = rowsum(dO * O) once;
+    per tile: dV += P^T dO, dP = dO V^T, dS = P (dP - D) [* cap'], dQ += scale dS K, dK += scale dS^T Q
+    (dK, dV summed over the query heads of a kv head). Returns dq (grouped), dk and dv (b, hkv, sk, d).
+    """
+    sq, sk = qg.shape[3], kg.shape[2]
+    delta = (dog * o).sum(axis=-1, keepdims=True)
+    dq = np.zeros_like(qg, dtype=np.float32)
+    dk = np.zeros(kg.shape, dtype=np.float32)
+    dv = np.zeros(vg.shape, dtype=np.float32)
+    for q0, q1, k0, k1, visible in _band_tiles(sq, sk, block_q, block_k, causal, window):
+        qb, dob, kb = qg[:, :, :, q0:q1], dog[:, :, :, q0:q1], kg[:, :, None, k0:k1]
+        s, slope = _capped_scores(qb, kb, scale, softcap)
+        p = np.exp(s - lse[:, :, :, q0:q1])
+        if visible is not None:
+            p = np.where(visible, p, np.float32(0))
+        dv[:, :, k0:k1] += np.matmul(p.swapaxes(-1, -2), dob).sum(axis=2)
+        ds = p * (np.matmul(dob, vg[:, :, None, k0:k1].swapaxes(-1, -2)) - delta[:, :, :, q0:q1])
+        if slope is not None:
+            ds *= slope
+        dq[:, :, :, q0:q1] += np.matmul(ds, kb) * np.float32(scale)
+        dk[:, :, k0:k1] += np.matmul(ds.swapaxes(-1, -2), qb).sum(axis=2) * np.float32(scale)
+    return dq, dk, dv
+
+
+class FlashTraining(TrainingKernel):
+    """numpy-flash's backward: the forward saves O and the log-sum-exp; the backward recomputes P by tiles."""
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v):
+        qg, kg, vg = _grouped(q, k, v)
+        o, lse = flash_forward(qg, kg, vg, **self.kwargs)
+        return qg, kg, vg, o, lse
+
+    def backward(self, saved, do, out, dq, dk, dv) -> None:
+        qg, kg, vg, o, lse = saved
+        dog = _group_q(do, qg.shape[1])
+        gq, gk, gv = flash_backward(qg, kg, vg, dog, o, lse, **self.kwargs)
+        _ungroup(o, out)
+        _ungroup(gq, dq)
+        dk[...], dv[...] = gk.transpose(0, 2, 1, 3), gv.transpose(0, 2, 1, 3)
 
 
 def _mask_kwargs(case: Case) -> dict:
@@ -193,8 +270,9 @@ class NumpyFlashAttention(Backend):
     name = "numpy-flash"
     op = "attention"
     device = "cpu"
-    description = "NumPy, tiled online softmax (FlashAttention algorithm), float32 compute; forward only"
-    features = frozenset({"window", "softcap"})
+    description = ("NumPy, tiled online softmax (FlashAttention algorithm), float32 compute; backward by "
+                   "tiles from the saved log-sum-exp (FlashAttention-2)")
+    features = frozenset({"bwd", "fwd_bwd", "window", "softcap"})
     tunables = {
         "block_q": Tunable(128, (16, 32, 64, 128, 256, 512, 1024), "query rows per tile"),
         "block_k": Tunable(128, (16, 32, 64, 128, 256, 512, 1024), "key rows per tile"),
@@ -203,6 +281,9 @@ class NumpyFlashAttention(Backend):
     def prepare(self, case: Case):
         kwargs = {"causal": case["causal"], "scale": softmax_scale(case), **_mask_kwargs(case),
                   "block_q": self.setting("block_q"), "block_k": self.setting("block_k")}
+
+        if case["mode"] != "fwd":
+            return FlashTraining(**kwargs)
 
         def run(q, k, v, out):
             attention_numpy_flash(q, k, v, out, **kwargs)

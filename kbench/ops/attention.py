@@ -188,9 +188,6 @@ class GradientRows:
     kv: np.ndarray | None
     pairs: tuple[tuple[int, int], ...] | None
 
-    def __len__(self) -> int:
-        return 0 if self.q is None else len(self.q)
-
 
 def _sample(n: int, count: int, rng: np.random.Generator) -> np.ndarray | None:
     """``count`` of ``range(n)`` with the first and the last always in (where masks and tails go wrong)."""
@@ -373,8 +370,10 @@ class AttentionOp(Op):
         return GradientRows(q_rows, kv_rows, pairs)
 
     def rows_checked(self, rows) -> int | None:
-        return None if rows is None else int(len(rows)) if not isinstance(rows, GradientRows) else (
-            None if rows.q is None else len(rows.q))
+        """Query rows checked (a backward's key rows and pairs are in docs/backward.md); None when all."""
+        if isinstance(rows, GradientRows):
+            rows = rows.q
+        return None if rows is None else int(len(rows))
 
     def select(self, case: Case, output: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         return output if rows is None else output[:, rows]

@@ -227,8 +227,8 @@ def read_journal(path: Path, token: Any) -> list[tuple[int, dict[str, Any]]]:
             or not isinstance(token, str):
         return []
     if torn:
-        warnings.warn(f"{jpath}: the last line ({len(torn)} bytes) was cut short, by a run killed while writing "
-                      f"it; that record is not in the result", JournalNote, stacklevel=4)
+        warnings.warn(f"{jpath}: the last line ({len(torn)} bytes) is cut short (its run was killed while writing "
+                      f"it, or is writing it now); that record is not in what was read", JournalNote, stacklevel=4)
     entries = []
     for n in range(1, len(lines)):
         entry = _journal_line(jpath, lines, n)

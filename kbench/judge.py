@@ -360,7 +360,11 @@ class Judge:
         guess = max(min(check_seconds), 1e-7)
         per_batch = int(min(layout.slots, max(1, math.ceil(TARGET_BATCH_SECONDS / guess))))
         slots = list(range(per_batch))
-        # warm-up on the contents already in the arena (not verified: nothing of it is reported)
+        # warm-up on the check sets (not verified: nothing of it is reported); a slot the check did not
+        # fill gets a copy of one, never the arena's zeros (an all-zero offset or page table is no input)
+        for s in slots:
+            if s not in self.held:
+                self._write(s, self.held[s % len(self.held)])
         clock = time.perf_counter
         begin = clock()
         warm = 0

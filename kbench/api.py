@@ -56,6 +56,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     "load_profiles": ("kbench.hardware", "load_profiles"),
     "profiles_from_data": ("kbench.hardware", "profiles_from_data"),
     "PROFILE_FILE_SCHEMA": ("kbench.hardware", "PROFILE_FILE_SCHEMA"),
+    # records, typed (kbench.record): what readers of result files use
+    "Record": ("kbench.record", "Record"),
+    "records_of": ("kbench.record", "records_of"),
     # one vocabulary for statuses and dtypes
     "DType": ("kbench.enums", "DType"),
     "Status": ("kbench.enums", "Status"),
@@ -132,6 +135,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import softmax_scale
     from kbench.plugins import PluginWarning, get_plugin_manager
+    from kbench.record import Record, records_of
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.results import atomic_write_json, now_iso
     from kbench.runner import RunRequest, pick_device, plan_run, run_suite

@@ -125,9 +125,31 @@ class TritonAutotunedAttention(TritonAttention):
 
     def __init__(self) -> None:
         super().__init__()
+        #: head_dim -> the autotuned kernel (the autotuner's own cache of choices lives in it); kept here,
+        #: in the trusted backend, because the seed module, also run as a kernel file, may hold no state
+        self._autotuned: dict[int, Any] = {}
 
     def _launcher(self, case: Case) -> Callable[..., None]:
-        return kernel_module().attention_autotuned
+        import triton
+
+        seed = kernel_module()
+
+        def attention_autotuned(q, k, v, out, *, causal: bool, scale: float) -> None:
+            head_dim = q.shape[3]
+            if head_dim not in self._autotuned:
+                configs = [triton.Config({"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]}, num_warps=c["num_warps"],
+                                         num_stages=c["num_stages"])
+                           for c in seed.AUTOTUNE_CONFIGS.get(head_dim, (seed.config_for(head_dim, causal),))]
+                self._autotuned[head_dim] = triton.autotune(configs=configs, key=["seqlen_q", "seqlen_kv", "CAUSAL"])(
+                    seed.attention_fwd_kernel)
+            args, constexprs, programs_bh = seed.launch_args(q, k, v, out, causal=causal, scale=scale)
+
+            def grid(meta):
+                return (triton.cdiv(q.shape[1], meta["BLOCK_M"]), programs_bh)
+
+            self._autotuned[head_dim][grid](*args, **constexprs)
+
+        return attention_autotuned
 
     def prepare(self, case: Case):
         import torch

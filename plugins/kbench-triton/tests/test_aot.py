@@ -104,12 +104,14 @@ def test_every_tunable_combination_compiles_for_sm90():
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_hopper_kernel_uses_tma_wgmma_and_setmaxnreg_on_sm90(head_dim, tmp_path):
-    config = aot._kernel_module("triton-hopper").config_for(head_dim, True, "bf16")
-    report = aot.compile_one(aot.Target(90, head_dim, "bf16", True, "triton-hopper"), config, emit_ptx=tmp_path)
+    # the warp-specialised path (shipped for non-causal head_dim 128; causal runs the two-loop path, which
+    # the H200 found correct where this one is not with a causal mask: docs/gpu.md)
+    config = {**aot._kernel_module("triton-hopper").config_for(head_dim, False, "bf16"), "WARP_SPECIALIZE": 1}
+    report = aot.compile_one(aot.Target(90, head_dim, "bf16", False, "triton-hopper"), config, emit_ptx=tmp_path)
     _assert_launchable(report)
     assert (report.tma, report.wgmma, report.warp_specialize, report.warp_specialized, report.setmaxnreg) == \
         (True, True, True, True, True), report
-    ptx = (tmp_path / aot.ptx_file_name(aot.Target(90, head_dim, "bf16", True, "triton-hopper"), config)).read_text()
+    ptx = (tmp_path / aot.ptx_file_name(aot.Target(90, head_dim, "bf16", False, "triton-hopper"), config)).read_text()
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
 
 

@@ -21,6 +21,8 @@ the keys) run with masks. Key blocks entirely in the causal future are never vis
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import triton
 import triton.language as tl
 
@@ -39,28 +41,29 @@ TUNABLES = {
 
 #: The configuration per shape, used by the ``triton`` backend: (head_dim, causal) -> settings.
 #: Wider heads need smaller tiles (shared memory holds num_stages copies of a K and a V tile).
-CONFIGS = {
-    (64, False): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    (64, True): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    (128, False): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    (128, True): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    (256, False): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    (256, True): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-}
+CONFIGS = MappingProxyType({
+    (64, False): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}),
+    (64, True): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}),
+    (128, False): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}),
+    (128, True): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}),
+    (256, False): MappingProxyType({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}),
+    (256, True): MappingProxyType({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}),
+})
 
 #: fp32 inputs (a correctness aid, not a speed target) take twice the shared memory per tile
-FP32_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+FP32_CONFIG = MappingProxyType({"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1})
 
 #: Candidates for ``triton.autotune`` (backend ``triton-autotune``), per head_dim; the autotuner
-#: keys its choice on (seqlen_q, seqlen_kv, head_dim, causal, dtype).
-AUTOTUNE_CONFIGS = {
-    64: [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
-         for m, n, w, s in [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]],
-    128: [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
-          for m, n, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 8, 4), (64, 64, 4, 3)]],
-    256: [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
-          for m, n, w, s in [(64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 64, 4, 1)]],
-}
+#: keys its choice on (seqlen_q, seqlen_kv, head_dim, causal, dtype). Read-only like every table here:
+#: run as a kernel file, the module may keep no mutable state (integrity.forbid_module_state).
+AUTOTUNE_CONFIGS = MappingProxyType({
+    64: tuple(MappingProxyType(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s))
+              for m, n, w, s in [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]),
+    128: tuple(MappingProxyType(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s))
+               for m, n, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 8, 4), (64, 64, 4, 3)]),
+    256: tuple(MappingProxyType(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s))
+               for m, n, w, s in [(64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 64, 4, 1)]),
+})
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
@@ -221,25 +224,3 @@ def attention(q, k, v, out, *, causal: bool, scale: float, BLOCK_M: int = 64, BL
     grid = (triton.cdiv(q.shape[1], BLOCK_M), programs_bh)
     attention_fwd_kernel[grid](*args, **constexprs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                num_warps=num_warps, num_stages=num_stages)
-
-
-
-_autotuned = {}
-
-
-def attention_autotuned(q, k, v, out, *, causal: bool, scale: float) -> None:
-    """Like ``attention``, with the configuration picked by ``triton.autotune`` among
-    ``AUTOTUNE_CONFIGS[head_dim]`` on the first call for each (seqlen_q, seqlen_kv, causal, dtype)."""
-    head_dim = q.shape[3]
-    if head_dim not in _autotuned:
-        configs = [triton.Config({"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"])
-                   for c in AUTOTUNE_CONFIGS.get(head_dim, [config_for(head_dim, causal)])]
-        _autotuned[head_dim] = triton.autotune(configs=configs, key=["seqlen_q", "seqlen_kv", "CAUSAL"])(
-            attention_fwd_kernel)
-    args, constexprs, programs_bh = launch_args(q, k, v, out, causal=causal, scale=scale)
-
-    def grid(meta):
-        return (triton.cdiv(q.shape[1], meta["BLOCK_M"]), programs_bh)
-
-    _autotuned[head_dim][grid](*args, **constexprs)

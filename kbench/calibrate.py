@@ -21,6 +21,7 @@ import numpy as np
 from kbench.devices import Device
 from kbench.errors import BadInput
 from kbench.hardware import HardwareProfile
+from kbench.results import results_root  # the one definition; re-exported here for older imports
 from kbench.stats import summarize
 from kbench.timing import TimingSettings, measure
 
@@ -29,9 +30,6 @@ CALIBRATION_VERSION = 1
 CALIBRATION_FILE = "calibration.json"
 
 
-def results_root() -> Path:
-    """Where result files live: ``$KBENCH_RESULTS`` or ``results`` (as ``kbench run`` writes them)."""
-    return Path(os.environ.get("KBENCH_RESULTS", "results"))
 
 
 def calibration_path(device: Device, root: Path | None = None) -> Path:

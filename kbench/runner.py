@@ -84,11 +84,13 @@ def environment(pm: PluginManager) -> dict[str, Any]:
 
 
 def default_output(machine: str, suite: Suite) -> Path:
-    """``results/<machine>/<suite>-<date>-<time>-<ms>-<random>.json``: never the name of another run's file."""
+    """``<results root>/<machine>/<suite>-<date>-<time>-<ms>-<random>.json``: never the name of another run's file;
+    the root is :func:`kbench.results.results_root` (``$KBENCH_RESULTS``, else ``results``), as for calibrations."""
     from kbench.outputs import unique_result_path
+    from kbench.results import results_root
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    return unique_result_path(Path("results") / machine, suite.name, stamp)
+    return unique_result_path(results_root() / machine, suite.name, stamp)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Runs the Triton backward in Triton's interpreter (CPU) and writes one JSON result per check.
 
-Started by test_backward.py as ``TRITON_INTERPRET=1 python interpret_bwd_worker.py OUT.json`` (the
+Started by test_triton_backward.py as ``TRITON_INTERPRET=1 python interpret_bwd_worker.py OUT.json`` (the
 variable must be set before triton is imported; see interpret_worker.py). The reference is torch
 autograd in float64 through a dense softmax (independent of kbench's own reference and of the
 kernels): out, dq, dk, dv are each compared by relative L2 error. fp32 and fp16 only: the interpreter

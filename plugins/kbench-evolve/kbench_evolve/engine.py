@@ -18,12 +18,14 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import random
+import signal
 import threading
 import time
 import zlib
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kbench.api import BadInput
 
@@ -105,12 +107,49 @@ class SubmitResult:
         return f"not committed: {self.reason}"
 
 
+class DeviceGate:
+    """The lineage's device among a parallel variation's workers: screenings share it, a duel has it alone
+    (it waits for the screenings running to end, and screenings wait while a duel waits or runs)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._screens = 0
+        self._duels_waiting = 0
+        self._dueling = False
+
+    @contextmanager
+    def screening(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._dueling and not self._duels_waiting)
+            self._screens += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._screens -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def duel(self) -> Iterator[None]:
+        with self._cond:
+            self._duels_waiting += 1
+            self._cond.wait_for(lambda: not self._dueling and not self._screens)
+            self._duels_waiting -= 1
+            self._dueling = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._dueling = False
+                self._cond.notify_all()
+
+
 class _Shared:
     """What the workers of one parallel variation share: locks, the candidates in flight, the stop flag."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()          # budgets, the state, the attempts log
-        self.duel = threading.Lock()           # the duel and the commit: one at a time, on one device
+        self.device = DeviceGate()             # the duel and the commit: one at a time, alone on the device
         self.in_flight: dict[str, int] = {}    # sha -> worker measuring it
         self.stop = threading.Event()          # a worker committed or failed: the others stop
 
@@ -296,10 +335,13 @@ class VariationContext:
         if self.parallel > 1:
             base["worker"] = self.worker
             self.log(f"screening {sha[:8]} ({rationale[:80]})")
-        started = time.time()
+        # a screening here shares the device with the other workers' screenings, never with a duel
+        gate = self.shared.device.screening() if self.evaluator.screen_executor is None else nullcontext()
         try:
-            champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
-                                                               bracket=True, remote=True)
+            with gate:
+                started = time.time()
+                champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
+                                                                   bracket=True, remote=True)
         except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
             self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
             self.save()
@@ -316,7 +358,7 @@ class VariationContext:
         if not keep:
             return fail(why, scores=screen.zeroed(), result_file=screen.result_file,
                         champion_remeasured=champ_screen.geomean)
-        with self.shared.duel:  # one duel at a time, against the champion of the moment
+        with self.shared.device.duel():  # one duel at a time, alone, against the champion of the moment
             now = self.champion()
             if now.number != champion.number:
                 reason = f"superseded: {now.label} was committed while it was screened against {champion.label}"
@@ -367,6 +409,14 @@ class VariationContext:
         return SubmitResult(True, decision.reason, version, cand, dj)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a parallel variation: the run stops as interrupted, like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
+
+
 def vary(op, ctx: VariationContext, parallel: int) -> str:
     """One variation: ``op.vary(ctx)``, or ``parallel`` independent calls of it on worker views of ``ctx``
     run concurrently (threads: the work is kbench runs in worker processes and model calls). Returns the
@@ -392,6 +442,9 @@ def vary(op, ctx: VariationContext, parallel: int) -> str:
 
     threads = [threading.Thread(target=work, args=(i,), name=f"evolve-worker-{i}", daemon=True)
                for i in range(parallel)]
+    # the runs are in the workers' threads, where the runner cannot turn SIGTERM into an interruption: here
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     for t in threads:
         t.start()
     try:
@@ -401,6 +454,9 @@ def vary(op, ctx: VariationContext, parallel: int) -> str:
     except KeyboardInterrupt:
         shared.stop.set()  # screenings in flight are abandoned (not logged: tried again on resume)
         raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
     for i, exc in enumerate(errors):
         if exc is not None:
             raise exc

@@ -117,6 +117,19 @@ class IntegritySettings:
         return self.static_checks == "all" or (self.static_checks == "untrusted" and not trusted)
 
 
+#: CPython 3.11 keeps one recursion counter per interpreter while ast.parse builds its Python objects;
+#: two threads parsing at once (evolve --parallel screens candidates in threads) can fail with
+#: "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). kbench parses
+#: Python source only through :func:`parse_source`, one parse at a time.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse(source)``, serialised across threads (see ``_PARSE_LOCK``); SyntaxError as ast.parse."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
 # --------------------------------------------------------------------------------------------
 # static checks of a kernel's source
 
@@ -296,7 +309,7 @@ def _is_mutable(node: ast.AST) -> bool:
 def static_check(source: str, settings: IntegritySettings, *, filename: str = "<kernel>") -> list[Violation]:
     """Violations of the suite's static rules in a kernel's source (empty: clean)."""
     try:
-        tree = ast.parse(source, filename=filename)
+        tree = parse_source(source, filename)
     except SyntaxError as exc:
         return [Violation(exc.lineno or 0, "syntax", f"syntax error: {exc.msg}")]
     checker = _Checker(settings)
@@ -340,7 +353,7 @@ def literal_globals(source: str, names: Iterable[str]) -> dict[str, Any]:
     """Module-level ``NAME = <literal>`` values, read without running the file."""
     wanted, found = set(names), {}
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError:
         return found
     for node in tree.body:

@@ -168,3 +168,30 @@ def test_cpu_roof_flags_rates_beyond_the_calibrated_gemm_rate():
     # 1e9 FLOP in 1 ms = 1 TFLOP/s: 10x the calibrated 0.1 TFLOP/s, while caches may beat the copy rate freely
     m = roofline_point(cpu, "fp32", 1e9, 1e6, 1e-3)
     assert m["impossible"] is True and "10.00x the calibrated compute roof of cpu-x" in m["impossible_reason"]
+
+
+def test_parse_source_parses_one_source_at_a_time():
+    """ast.parse from several threads at once can raise SystemError on CPython 3.11 (python/cpython#106905):
+    evolve --parallel checked candidates in threads and one screening died of it. parse_source waits its turn."""
+    from kbench import integrity
+
+    done = []
+    with integrity._PARSE_LOCK:
+        t = threading.Thread(target=lambda: done.append(integrity.parse_source("x = 1\n")))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not done  # blocked while another parse holds the lock
+    t.join(5)
+    assert len(done) == 1 and done[0].body[0].targets[0].id == "x"
+    with pytest.raises(SyntaxError):
+        integrity.parse_source("def (:\n")
+
+
+def test_every_python_parse_goes_through_parse_source():
+    root = Path(__file__).resolve().parents[1]
+    raw = []
+    for path in [*(root / "kbench").rglob("*.py"), *(root / "plugins").glob("*/kbench_*/**/*.py")]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "ast.parse(" in line and not line.lstrip().startswith(("#", '"""')) and "_PARSE_LOCK" not in line:
+                raw.append(f"{path.relative_to(root)}:{n}")
+    assert [r.split(":")[0] for r in raw] == ["kbench/integrity.py"], raw  # the one inside parse_source

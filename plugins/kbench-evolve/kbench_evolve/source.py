@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kbench.api import BadInput
+from kbench.api import BadInput, parse_source
 
 
 def sha(text: str) -> str:
@@ -20,7 +20,7 @@ def sha(text: str) -> str:
 
 
 def _literal_assignments(source: str) -> dict[str, tuple[ast.Assign, Any]]:
-    tree = ast.parse(source)
+    tree = parse_source(source)
     found: dict[str, tuple[ast.Assign, Any]] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -71,7 +71,7 @@ def with_tunables(source: str, settings: dict[str, Any]) -> str:
 
 def check_syntax(source: str) -> str | None:
     try:
-        ast.parse(source)
+        parse_source(source)
     except SyntaxError as exc:
         return f"syntax error at line {exc.lineno}: {exc.msg}"
     return None

@@ -312,12 +312,10 @@ class Judge:
         rec["stats"] = stats
         integrity["threads"] = dict(zip(("python", "native"), self.threads or (None, None)))
         integrity["timed_inputs"] = "new content for every timed call"
-        integrity["checks"] += ["secret_inputs", "parent_verifies", "rows_after_output", "nan_every_element",
-                                "trivial_predictors", "parent_clock", "timed_outputs", "poisoned_output",
-                                "input_fingerprints", "no_aliasing", "late_writes", "threads", "roofline"]
         metrics = roofline_point(ctx.hardware, str(case.dtype), op.flops(case), op.min_bytes(case), stats["median"])
         metrics["footprint"] = op.footprint(case)
         rec["metrics"] = metrics
+        integrity["checks"] += self.checks_ran(job, metrics)
         ended = self._expect(self.channel.request(("end",), self._remaining()), "ended")
         self.ended = True
         telemetry = ended.get("telemetry")
@@ -326,6 +324,24 @@ class Judge:
             raise CheckFailed(f"impossible rate: {metrics.get('impossible_reason')} (work skipped, cached or done "
                               f"outside the timed region)")
         return {"status": Status.PASSED.value}
+
+    def checks_ran(self, job: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[str]:
+        """The integrity checks this record went through (docs/integrity.md): the suite's settings and the
+        case decide some, and a record lists only those that ran."""
+        settings = self.ctx.integrity
+        ran = ["secret_inputs", "parent_verifies", "rows_after_output", "nan_every_element", "trivial_predictors",
+               "parent_clock", "poisoned_output", "input_fingerprints", "no_aliasing", "late_writes"]
+        if settings.verify_timed_outputs:
+            ran.append("timed_outputs")
+        if settings.check_threads:
+            ran.append("threads")
+        if settings.check_harness:
+            ran.append("harness")
+        if job.get("forbidden_ops"):
+            ran.append("forbidden_ops")
+        if "impossible" in metrics:  # a roof to judge the rate against (datasheet, or a calibrated GEMM rate)
+            ran.append("roofline")
+        return ran
 
     def correctness(self, checks: list[dict[str, np.ndarray]]) -> dict[str, Any]:
         """Every check set called once; every output judged here, on rows picked after it exists."""
@@ -426,7 +442,9 @@ class Judge:
                                   f"garbage results when timed): {exc.args[0].replace(' (never written, or overflow)', '')}") from None
         # verified after the reply: the first call (its slot served the correctness check: a cache keyed
         # by address answers it stale), the last, and one the runner could not know in advance
-        for slot in sorted({slots[0], slots[n - 1], slots[int(self.rng.integers(n))]}):
+        # (integrity.verify_timed_outputs: false leaves only the NaN/Inf check above)
+        verified = {slots[0], slots[n - 1], slots[int(self.rng.integers(n))]} if self.ctx.integrity.verify_timed_outputs else ()
+        for slot in sorted(verified):
             try:
                 # fewer rows (still picked after the fact) and no uniform-attention reference: the
                 # correctness trials did the full check; these catch answers that change when timed

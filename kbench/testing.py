@@ -19,6 +19,7 @@ import pytest
 
 from kbench.backends import Backend
 from kbench.execute import ExecContext, execute
+from kbench.integrity import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
 from kbench.suite import CheckSettings
@@ -76,11 +77,12 @@ def make_case(pm: PluginManager, op: str = "attention", **params: Any) -> Case:
 
 
 def check_backend(pm: PluginManager, backend: Backend, case: Case, *, device: str | None = None,
-                  timing: TimingSettings = TEST_TIMING, check: CheckSettings = TEST_CHECK) -> dict[str, Any]:
+                  timing: TimingSettings = TEST_TIMING, check: CheckSettings = TEST_CHECK,
+                  integrity: IntegritySettings | None = None) -> dict[str, Any]:
     """Execute one (backend, case) in-process with test settings and return its record."""
     dev = pm.registry.device(device or backend.device)
     ctx = ExecContext(op=pm.registry.op(case.op), device=dev, check=check, timing=timing,
-                      hardware=pm.detect_hardware(dev))
+                      hardware=pm.detect_hardware(dev), integrity=integrity or IntegritySettings())
     return execute(ctx, backend, case)
 
 

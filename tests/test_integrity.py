@@ -195,3 +195,36 @@ def test_every_python_parse_goes_through_parse_source():
             if "ast.parse(" in line and not line.lstrip().startswith(("#", '"""')) and "_PARSE_LOCK" not in line:
                 raw.append(f"{path.relative_to(root)}:{n}")
     assert [r.split(":")[0] for r in raw] == ["kbench/integrity.py"], raw  # the one inside parse_source
+
+
+def test_records_list_only_the_checks_that_ran(kbench_case, kbench_check, fake_backend):
+    full = kbench_check(fake_backend(honest), kbench_case())
+    assert full["status"] == "passed", full["reason"]
+    listed = full["integrity"]["checks"]
+    assert {"timed_outputs", "threads", "harness", "secret_inputs", "late_writes"} <= set(listed)
+    assert "forbidden_ops" not in listed  # a trusted backend's calls are not watched
+    off = IntegritySettings(verify_timed_outputs=False, check_threads=False, check_harness=False)
+    rec = kbench_check(fake_backend(honest), kbench_case(), integrity=off)
+    assert rec["status"] == "passed", rec["reason"]
+    assert not {"timed_outputs", "threads", "harness"} & set(rec["integrity"]["checks"])
+    assert set(listed) - set(rec["integrity"]["checks"]) == {"timed_outputs", "threads", "harness"}
+    # the roofline check runs only where there is a roof: on a CPU without a calibration there is none
+    assert ("roofline" in listed) == ("impossible" in full["metrics"])
+
+
+def test_verify_timed_outputs_false_skips_the_timed_reference_check(kbench_case, kbench_check, fake_backend):
+    """The setting was read but ignored: timed outputs were verified whatever the suite said."""
+    def sly():
+        calls = []
+
+        def kernel(q, k, v, out, case):  # right for the checked calls, a finite wrong answer afterwards
+            calls.append(1)
+            honest(q, k, v, out, case)
+            if len(calls) > 2:
+                out[...] *= 1.5
+        return kernel
+    case = kbench_case()
+    assert kbench_check(fake_backend(sly()), case)["status"] == "failed"
+    rec = kbench_check(fake_backend(sly()), case, integrity=IntegritySettings(verify_timed_outputs=False))
+    assert rec["status"] == "passed", rec["reason"]
+    assert "timed_outputs" not in rec["integrity"]["checks"]

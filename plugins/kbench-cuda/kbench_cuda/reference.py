@@ -45,9 +45,18 @@ def attention_float64(xp: Any, q, k, v, *, causal: bool, scale: float, rows=None
     return out
 
 
-def _float32(array: np.ndarray) -> np.ndarray:
-    """Host inputs (bf16/fp16/fp32) as float32, exactly (every value is representable): the GPU upcasts."""
-    return np.asarray(array).astype(np.float32)
+def device_float32(xp: Any, array: np.ndarray):
+    """A host input (bf16/fp16/fp32) as an ``xp`` float32 array, exactly (every value is representable).
+
+    The bytes travel as they are (half the traffic of a float32 copy for 16-bit inputs) and are widened
+    on the device: fp16 by a cast, bfloat16 by moving its 16 bits into the top of a 32-bit word (a
+    bfloat16 is the upper half of the float32 with the same value), which needs no host work at all.
+    """
+    host = np.ascontiguousarray(array)
+    if host.dtype.itemsize == 2 and host.dtype != np.float16:  # bfloat16 (ml_dtypes): its bits, widened
+        bits = xp.asarray(host.view(np.uint16)).astype(xp.uint32)
+        return xp.left_shift(bits, 16).view(xp.float32)
+    return xp.asarray(host).astype(xp.float32)
 
 
 def gpu_reference(case, inputs: Mapping[str, np.ndarray], rows) -> np.ndarray | None:
@@ -59,8 +68,8 @@ def gpu_reference(case, inputs: Mapping[str, np.ndarray], rows) -> np.ndarray | 
     cp = runtime.cupy()
     with cp.cuda.Device(runtime.device_index()):
         q = inputs["q"] if rows is None else inputs["q"][:, rows]
-        k, v = (cp.asarray(_float32(inputs[n])) for n in ("k", "v"))
-        out = attention_float64(cp, cp.asarray(_float32(q)), k, v, causal=case["causal"],
+        k, v = (device_float32(cp, inputs[n]) for n in ("k", "v"))
+        out = attention_float64(cp, device_float32(cp, q), k, v, causal=case["causal"],
                                 scale=1.0 / float(case["head_dim"]) ** 0.5, rows=rows, seqlen_q=case["seqlen_q"])
         host = cp.asnumpy(out)
         del k, v, out

@@ -49,10 +49,11 @@ def test_large_cases_go_to_the_hook_small_ones_stay_on_the_host(kbench_pm, monke
     inputs = op.make_inputs(small, 0)
     host = op.reference(small, inputs, None)
     assert probe.CALLS == []  # 1e6 flops: the host's
+    assert attention_op.reference_flops(small, None) < attention_op.OFFLOAD_REFERENCE_FLOPS
     # large enough for the hook: 4 * 1 * 8 * 1024 rows * 2048 keys * 64 = 4.3e9 float64 flops
     large = make_case(kbench_pm, batch=1, seqlen=2048, heads=8, head_dim=64, dtype="fp16")
     rows = np.arange(0, 2048, 2)
-    assert attention_op.reference_flops(large, rows) >= attention_op.LARGE_REFERENCE_FLOPS
+    assert attention_op.reference_flops(large, rows) >= attention_op.OFFLOAD_REFERENCE_FLOPS
     offloaded = op.reference(large, {}, rows)  # the probe needs no inputs; the host path would fail on {}
     assert probe.CALLS == [large.id] and offloaded.shape == (1, 1024, 8, 64) and np.all(offloaded == probe.MARK)
     assert host.shape == (1, 64, 2, 32) and np.all(np.isfinite(host))
@@ -76,3 +77,15 @@ def test_gpu_reference_equals_the_host_one_on_a_gpu(kbench_pm):
     want = attention_op.attention_float64(q, inputs["k"], inputs["v"], causal=True,
                                           scale=attention_op.softmax_scale(case), rows=rows, seqlen_q=1000)
     assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_inputs_widen_to_float32_exactly_from_their_bytes(dtype):
+    """What the GPU reference uploads: the input's own bytes, widened on the device (NumPy stands in for CuPy)."""
+    from kbench.api import DType
+
+    wide = np.random.default_rng(5).standard_normal((3, 7, 2, 5)).astype(np.float32) * 100
+    host = wide.astype(DType(dtype).numpy)
+    got = reference.device_float32(np, host[:, 1:])  # a strided view, as the checked rows are
+    assert got.dtype == np.float32 and got.shape == host[:, 1:].shape
+    assert np.array_equal(got, host[:, 1:].astype(np.float32))  # bit for bit

@@ -88,3 +88,25 @@ def test_bad_result_files(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(BadInput, match="not found"):
         load_result(tmp_path / "nope.json")
+
+
+def test_per_output_correctness_is_validated_to_the_leaves(tmp_path):
+    """A backward's record judges every output with its own bound (correctness.outputs, worst_output)."""
+    w = ResultWriter(tmp_path / "r.json", header())
+    good = record()
+    good["correctness"] = {"rel_l2": 3e-3, "bound": 2e-2, "seeds": 2, "rows_checked": 32, "per_seed": [1e-3, 3e-3],
+                           "outputs": {"out": {"rel_l2": 1e-3, "bound": 1e-2}, "dk": {"rel_l2": 3e-3, "bound": 2e-2}},
+                           "worst_output": "dk", "call_seconds": [1e-3, 1e-3]}
+    w.append(good)
+    for bad, where in (({"dk": {"rel_l2": "small", "bound": 2e-2}}, "rel_l2"), ({"dk": {"rel_l2": 1e-3}}, "bound"),
+                       ({"dk": {"rel_l2": 1e-3, "bound": -1}}, "bound")):
+        rec = record(backend="numpy-flash")
+        rec["correctness"] = {**good["correctness"], "outputs": bad}
+        with pytest.raises(BadInput, match=where):
+            w.append(rec)
+    rec = record(backend="numpy-flash")
+    rec["correctness"] = {**good["correctness"], "worst_output": 3}
+    with pytest.raises(BadInput, match="worst_output"):
+        w.append(rec)
+    w.finish()
+    assert load_result(tmp_path / "r.json")["records"][0]["correctness"]["outputs"]["dk"]["bound"] == 2e-2

@@ -31,7 +31,7 @@ def test_builtin_profiles_present_with_sources(profiles, registry):
 
 
 def test_figures_are_dense_and_match_the_facts(profiles):
-    # ../shared/FACTS.md: H100 SXM 989 TFLOP/s bf16 dense, 3.35 TB/s, 80 GB; H200 4.8 TB/s, 141 GB;
+    # NVIDIA datasheets (dense = sparse / 2): H100 SXM 989 TFLOP/s bf16 dense, 3.35 TB/s, 80 GB; H200 4.8 TB/s, 141 GB;
     # B200 2.25 PFLOP/s, 8 TB/s; GB200 2.5 PFLOP/s, 186 GB; Rubin CPX 30 PFLOP/s NVFP4, 128 GB, ~2 TB/s
     assert profiles["h100-sxm"].peak("bf16") == 989e12
     assert profiles["h100-sxm"].bandwidth == 3.35e12 and profiles["h100-sxm"].capacity == 80e9

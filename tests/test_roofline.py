@@ -23,7 +23,7 @@ def invoke(*args):
 
 
 def test_kv_cache_per_token_by_hand():
-    # ../shared/FACTS.md: 2 * 80 * 8 * 128 * 2 = 327,680 B/token; MLA 61 * (512 + 64) * 2 = 70,272
+    # Llama-3.1-70B config.json: 2 * 80 * 8 * 128 * 2 = 327,680 B/token; DeepSeek-V3 MLA 61 * (512 + 64) * 2 = 70,272
     assert kv_bytes_per_token(MODELS["llama-3.1-70b"]) == 327_680
     assert kv_bytes_per_token(MODELS["llama-3.1-70b"]) * 1_000_000 == 327.68e9
     assert kv_bytes_per_token(MODELS["deepseek-v3"]) == 70_272

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 import jsonschema
 
 from kbench.errors import BadInput, OutputError
+from kbench.record import Record
 from kbench.outputs import (atomic_write, current_umask, hold_result_lock, journal_path, output_error,
                             release_result_lock)
 from kbench.yamlsource import MAX_DEPTH
@@ -370,7 +371,9 @@ class ResultWriter:
         validate(self.data, file=str(self.path))  # every record once; after this each is checked as appended
         self.flush(full=True)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: dict[str, Any] | Record) -> None:
+        if isinstance(record, Record):
+            record = record.to_json()
         record = sanitize(record)
         validate_record(record, file=str(self.path))  # one record, not the whole file: appends stay O(1)
         text = encode_record(record)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Protocol
 from kbench import __version__
 from kbench.backends import Backend
 from kbench.enums import Status
+from kbench.record import Record
 from kbench.errors import BadInput, OutputError
 from kbench.execute import ExecContext, base_record
 from kbench.integrity import IntegritySettings
@@ -424,6 +425,7 @@ def resume_request(pm: PluginManager, path: str | Path, *,
     return req, list(data["records"])
 
 
-def exit_code(records: Iterable[dict[str, Any]]) -> int:
-    bad = {Status.FAILED.value, Status.ERROR.value, Status.CRASHED.value, Status.TIMEOUT.value}
-    return 1 if any(r["status"] in bad for r in records) else 0
+def exit_code(records: Iterable[dict[str, Any] | Record]) -> int:
+    """1 when any record failed, errored, crashed or timed out; 0 when all passed or were skipped."""
+    bad = {Status.FAILED, Status.ERROR, Status.CRASHED, Status.TIMEOUT}
+    return 1 if any(Record.of(r).status in bad for r in records) else 0

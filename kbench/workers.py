@@ -362,7 +362,7 @@ def _judged_by_guard(setup: WorkerSetup, guard, reply: tuple, *, ended: bool) ->
     kind, payload = reply
     if kind != "error" and not ended:
         return reply
-    record = {"status": "error" if kind == "error" else "passed", "reason": payload.get("reason")}
+    record = {"status": (Status.ERROR if kind == "error" else Status.PASSED).value, "reason": payload.get("reason")}
     record = _after_job(setup, guard, record)
     if record.get("status") == Status.FAILED.value:
         return "error", {**payload, "reason": record.get("reason"), "failed": True}

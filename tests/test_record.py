@@ -316,3 +316,23 @@ def test_one_dtype_vocabulary_for_bytes_and_peaks():
     out = CliRunner().invoke(cli, ["roofline", "-m", "llama-3.1-8b", "-c", "8k", "--hardware", "h200",
                                    "--weights", "fp64"])
     assert out.exit_code == 2 and "unknown precision 'fp64'" in out.output and "bf16" in out.output
+
+
+def test_the_runner_and_the_writer_take_typed_records(tmp_path):
+    from kbench.enums import Status
+    from kbench.record import Record
+    from kbench.results import ResultWriter, load_result
+    from kbench.runner import exit_code
+
+    base = {"backend": "numpy", "op": "attention", "case_id": "attention[x]", "case": {}, "device": "cpu",
+            "reason": None}
+    passed = Record.from_json({**base, "status": "passed"})
+    crashed = passed.replace(status=Status.CRASHED, reason="signal 11")
+    assert exit_code([passed, {**base, "status": "skipped"}]) == 0
+    assert exit_code([passed, crashed]) == 1 and exit_code([{**base, "status": "timeout"}]) == 1
+    w = ResultWriter(tmp_path / "r.json", {"id": "t", "machine": {"id": "m"}, "environment": {}, "hardware": None,
+                                           "suite": {"name": "s", "path": None, "data": {"name": "s"}}, "device": "cpu"})
+    w.append(crashed)
+    w.finish()
+    [got] = load_result(tmp_path / "r.json")["records"]
+    assert got["status"] == "crashed" and got["reason"] == "signal 11" and Record.from_json(got) == crashed

@@ -54,15 +54,27 @@ def cluster_note(address: str | None) -> str:
             return ("no cluster running (RAY_ADDRESS unset, no `ray start --head` on this host): a run with "
                     "--executor ray starts a local one for itself; --address HOST:PORT joins a running one")
         address, source = found, f"{CURRENT_CLUSTER_FILE}"
+    why = unreachable(address)
+    if why is None:
+        return f"cluster at {address} (from {source}) answers"
+    return f"{why} (from {source})" if why.startswith("cannot tell") else f"cluster at {address} (from {source}) {why}"
+
+
+def unreachable(address: str) -> str | None:
+    """Why nothing answers at a cluster address (a TCP probe of PROBE_TIMEOUT s), or None when something does.
+
+    ``ray.init`` itself retries an address that does not answer for minutes (a run hung there before
+    this probe); a listening port that is not a Ray head is left to Ray to refuse.
+    """
     where = split_address(address)
     if where is None:
-        return f"cannot tell where {address!r} (from {source}) is: give HOST:PORT or ray://HOST:PORT"
+        return f"cannot tell where {address!r} is: give HOST:PORT or ray://HOST:PORT"
     try:
         with socket.create_connection(where, timeout=PROBE_TIMEOUT):
             pass
     except OSError as exc:
-        return f"cluster at {address} (from {source}) is not reachable: {exc.strerror or exc}"
-    return f"cluster at {address} (from {source}) answers"
+        return f"is not reachable: {exc.strerror or exc}"
+    return None
 
 
 class RayExecutorFactory(kx.ExecutorFactory):

@@ -156,3 +156,19 @@ def test_ray_messages_lose_colour_codes_and_reprs():
     exc = RuntimeError("The actor died in \x1b[36mray::Node.__init__()\x1b[39m (pid=1, repr=<kbench_ray.Node at 0x7f>)"
                        "\nTraceback ...")
     assert _first_line(exc) == "The actor died in ray::Node.__init__() (pid=1)"
+
+
+def test_an_address_nobody_answers_at_is_refused_at_once(tmp_path):
+    """ray.init retries such an address for minutes: a run with --address 127.0.0.1:9 hung there."""
+    import time
+
+    out = tmp_path / "r.json"
+    begin = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "kbench.cli", "run", str(SMOKE), "-b", "numpy", "--no-progress",
+                          "--executor", "ray", "--address", "127.0.0.1:9", "-o", str(out)],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr
+    assert "cannot reach the Ray cluster at 127.0.0.1:9: is not reachable: Connection refused" in res.stderr
+    assert "--address" in res.stderr and "Traceback" not in res.stderr
+    assert time.monotonic() - begin < 120  # start-up and the probe, no retrying
+    assert not out.exists()

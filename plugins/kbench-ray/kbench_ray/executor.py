@@ -25,7 +25,7 @@ import ray.exceptions as rex
 
 from kbench.api import BadInput, Status
 from kbench.api import executor_kit as kx
-from kbench_ray.plugin import unreachable
+from kbench_ray.plugin import refuse_unreachable
 from kbench_ray.settings import check_settings
 
 #: what losing an actor or its node raises
@@ -68,12 +68,7 @@ class RayExecutor(kx.SlotExecutor):
         self.pm, self.planned = pm, planned
         self.started_ray = False
         if not ray.is_initialized():
-            address = options.address or os.environ.get("RAY_ADDRESS")
-            why = unreachable(address) if address not in (None, "", "auto", "local") else None
-            if why is not None:
-                raise _bad(f"cannot reach the Ray cluster at {address}: {why}" if not why.startswith("cannot tell")
-                           else why, "check the address (`ray status` on the head node), or leave out --address "
-                           "to start a local cluster", where="--address" if options.address else "RAY_ADDRESS")
+            refuse_unreachable(options.address)  # ray.init would retry a dead address for minutes
             try:
                 ray.init(address=options.address, include_dashboard=False, log_to_driver=False,
                          logging_level="warning")

@@ -60,6 +60,20 @@ def cluster_note(address: str | None) -> str:
     return f"{why} (from {source})" if why.startswith("cannot tell") else f"cluster at {address} (from {source}) {why}"
 
 
+def refuse_unreachable(given: str | None) -> None:
+    """BadInput when the cluster named by ``--address`` (or ``RAY_ADDRESS``) does not answer; a run without
+    one starts its own local cluster, so there is nothing to probe."""
+    address = given or os.environ.get("RAY_ADDRESS")
+    if address in (None, "", "auto", "local"):
+        return
+    why = unreachable(address)
+    if why is not None:
+        raise BadInput(why if why.startswith("cannot tell") else f"cannot reach the Ray cluster at {address}: {why}",
+                       where="--address" if given else "RAY_ADDRESS",
+                       fix="check the address (`ray status` on the head node), or leave out --address to start "
+                           "a local cluster")
+
+
 def unreachable(address: str) -> str | None:
     """Why nothing answers at a cluster address (a TCP probe of PROBE_TIMEOUT s), or None when something does.
 
@@ -93,9 +107,11 @@ class RayExecutorFactory(kx.ExecutorFactory):
         return f"ray {version}; " + cluster_note(options.address if options else None)
 
     def check(self, options) -> None:
+        """Settings valid and the cluster's address answering (exit 2 before any work otherwise)."""
         from kbench_ray.settings import check_settings
 
         check_settings(options)
+        refuse_unreachable(options.address)
 
     def create(self, pm, planned, options):
         from kbench_ray.executor import RayExecutor

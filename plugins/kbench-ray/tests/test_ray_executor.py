@@ -172,3 +172,20 @@ def test_an_address_nobody_answers_at_is_refused_at_once(tmp_path):
     assert "--address" in res.stderr and "Traceback" not in res.stderr
     assert time.monotonic() - begin < 120  # start-up and the probe, no retrying
     assert not out.exists()
+
+
+def test_the_factory_check_refuses_a_dead_address_for_evolve_too(monkeypatch):
+    """`kbench evolve run --executor ray --address ...` checks the executor through the factory before any work."""
+    from kbench.api import BadInput, executor_kit
+    from kbench_ray.plugin import RayExecutorFactory
+
+    opts = executor_kit.ExecutorOptions(devices=None, address="127.0.0.1:9", settings={})
+    with pytest.raises(BadInput, match="cannot reach the Ray cluster at 127.0.0.1:9") as err:
+        RayExecutorFactory().check(opts)
+    assert err.value.where == "--address" and err.value.exit_code == 2
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(BadInput) as err:
+        RayExecutorFactory().check(executor_kit.ExecutorOptions(devices=None, address=None, settings={}))
+    assert err.value.where == "RAY_ADDRESS"
+    monkeypatch.delenv("RAY_ADDRESS")
+    RayExecutorFactory().check(executor_kit.ExecutorOptions(devices=None, address=None, settings={}))  # local: fine

@@ -93,6 +93,7 @@ class IntegritySettings:
     cache_ratio: float = 4.0                  # timed median this many times faster than fresh calls: cached
     memory_limit: int | None = None           # RLIMIT_AS of sandboxed workers (None: half the RAM, CPU only)
     file_size_limit: int | None = 64 * 2**20  # RLIMIT_FSIZE of sandboxed workers
+    scratch_limit: int = 256 * 2**20          # size of each writable tmpfs of a sandboxed worker (scratch, /tmp, /dev/shm)
     cpu_time_factor: float = 4.0              # RLIMIT_CPU per case = factor * case timeout * cores
 
     @classmethod
@@ -103,7 +104,7 @@ class IntegritySettings:
         for key, value in data.items():
             if key not in names:
                 continue  # the schema refuses unknown keys; nothing else reaches here
-            if key in ("memory_limit", "file_size_limit"):
+            if key in ("memory_limit", "file_size_limit", "scratch_limit"):
                 value = parse_size(value)
             elif key in ("forbidden_calls", "allowed_calls"):
                 value = tuple(value)

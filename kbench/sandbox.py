@@ -55,6 +55,11 @@ ETC_FILES: tuple[str, ...] = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alte
 SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
                                 "/sys/devices/system/cpu", "/sys/fs/cgroup")
 
+#: bytes each writable place of a sandboxed worker may hold (its scratch directory, ``/tmp``, ``/dev/shm``:
+#: tmpfs mounts of this size; ``integrity.scratch_limit``): disk and memory a candidate can fill are
+#: decided before it runs, not found out when the host's disk or RAM is gone
+SCRATCH_LIMIT = 256 * 2**20
+
 #: processes (threads count) a sandboxed worker may have at once, beyond the BLAS/OpenMP threads per core
 NPROC_BASE = 256
 #: open files a sandboxed worker may have at once
@@ -88,10 +93,13 @@ class SandboxStatus:
     binary: str | None
     version: str | None
     reason: str | None = None   # why not, with the fix
+    sized_tmpfs: bool = True    # bwrap takes --size: writable space bounded; else scratch bound from the host
 
     def describe(self) -> str:
         if self.available:
-            return f"{self.version} (user, pid, mount, net, ipc, uts namespaces; {self.binary})"
+            writes = ("writable space: tmpfs mounts of integrity.scratch_limit" if self.sized_tmpfs else
+                      "writable space unbounded: this bwrap has no --size, the scratch directory is the host's")
+            return f"{self.version} (user, pid, mount, net, ipc, uts namespaces; {writes}; {self.binary})"
         return f"unavailable: {self.reason}"
 
 
@@ -115,10 +123,15 @@ def probe() -> SandboxStatus:
         version = out.stdout.strip() or out.stderr.strip() or "bubblewrap"
     except (OSError, subprocess.SubprocessError) as exc:
         return SandboxStatus(False, binary, None, f"{binary} does not run: {exc}")
+    try:
+        helptext = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+        sized = "--size" in helptext.stdout + helptext.stderr
+    except (OSError, subprocess.SubprocessError):
+        sized = False
     scratch = tempfile.mkdtemp(prefix="kbench-probe-")
     try:
         cmd = bwrap_command(binary, [sys.executable, "-c", "import os; print(os.getpid(), os.getuid())"],
-                            scratch=scratch, cuda=False)
+                            scratch=scratch, cuda=False, writable_limit=SCRATCH_LIMIT if sized else None)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=sandbox_environment({}, scratch),
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -136,7 +149,7 @@ def probe() -> SandboxStatus:
     if pid == str(os.getpid()) or uid != str(SANDBOX_UID):
         return SandboxStatus(False, binary, version, f"bwrap ran but without a new PID/user namespace "
                                                      f"(pid {pid}, uid {uid})")
-    return SandboxStatus(True, binary, version)
+    return SandboxStatus(True, binary, version, sized_tmpfs=sized)
 
 
 #: a URL carrying a password (``scheme://user:password@host``), whatever the variable's name
@@ -189,11 +202,19 @@ def gpu_device_nodes() -> list[str]:
     return sorted(glob.glob("/dev/nvidia*")) + (["/dev/dri"] if os.path.isdir("/dev/dri") else [])
 
 
-def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool) -> list[str]:
-    """The bwrap command line that runs ``argv`` sandboxed, with ``scratch`` its only writable directory."""
+def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool,
+                  writable_limit: int | None = SCRATCH_LIMIT) -> list[str]:
+    """The bwrap command line that runs ``argv`` sandboxed, with ``scratch`` its working directory.
+
+    With ``writable_limit`` (bytes) the scratch directory, ``/tmp`` and ``/dev/shm`` are tmpfs mounts of
+    that size, private to the sandbox (nothing written there reaches the host; a full one answers
+    ENOSPC). ``None`` (a bwrap without ``--size``) binds the host's ``scratch`` directory and leaves the
+    tmpfs mounts at the kernel's default size.
+    """
+    sized = [] if writable_limit is None else ["--size", str(int(writable_limit))]
     cmd = [binary, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
            "--die-with-parent", "--new-session", "--hostname", "kbench-sandbox",
-           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+           "--proc", "/proc", "--dev", "/dev", *sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]
     for path in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", path, path]
     for name in ETC_FILES:
@@ -207,7 +228,8 @@ def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool)
         for name in ("CUDA_HOME", "CUDA_PATH"):
             if os.environ.get(name) and os.path.isdir(os.environ[name]):
                 cmd += ["--ro-bind-try", os.environ[name], os.environ[name]]
-    cmd += ["--bind", scratch, scratch, "--chdir", scratch, "--"]
+    cmd += [*sized, "--tmpfs", scratch] if sized else ["--bind", scratch, scratch]
+    cmd += ["--chdir", scratch, "--"]
     return cmd + list(argv)
 
 

@@ -461,7 +461,9 @@ class Worker:
                 child_sock.close()
                 parent_sock.close()
                 raise WorkerFailed(f"the sandbox is unavailable: {status.reason}")
-            argv = bwrap_command(status.binary, argv, scratch=self.scratch, cuda=setup.device == "cuda")
+            limit = setup.integrity.scratch_limit if status.sized_tmpfs else None
+            argv = bwrap_command(status.binary, argv, scratch=self.scratch, cuda=setup.device == "cuda",
+                                 writable_limit=limit)
             popen = BwrapProcess
         try:
             self.proc = popen(

@@ -27,9 +27,14 @@ STATUS = probe()
 needs_sandbox = pytest.mark.skipif(not STATUS.available, reason=f"no sandbox here: {STATUS.reason}")
 
 
-def sandboxed(code: str, scratch: Path, *, env: dict | None = None, pass_fds=(), popen=False, extra=()):
-    """Run ``code`` in the workers' sandbox; the completed process (or the BwrapProcess with ``popen``)."""
-    cmd = bwrap_command(STATUS.binary, [sys.executable, "-c", textwrap.dedent(code)], scratch=str(scratch), cuda=False)
+def sandboxed(code: str, scratch: Path, *, env: dict | None = None, pass_fds=(), popen=False, extra=(),
+              writable_limit: int | None = sandbox.SCRATCH_LIMIT):
+    """Run ``code`` in the workers' sandbox; the completed process (or the BwrapProcess with ``popen``).
+
+    ``writable_limit=None``: the host's ``scratch`` bound in (what a bwrap without --size gets), for the
+    tests that read back what the sandboxed program wrote."""
+    cmd = bwrap_command(STATUS.binary, [sys.executable, "-c", textwrap.dedent(code)], scratch=str(scratch), cuda=False,
+                        writable_limit=writable_limit)
     cmd[1:1] = list(extra)
     environment = sandbox_environment({**os.environ, **(env or {})}, str(scratch))
     if popen:
@@ -122,7 +127,7 @@ def test_filesystem_is_read_only_except_the_scratch_dir(tmp_path):
     ''', scratch))
     assert out["checkout"] == out["results"] == "Read-only file system"
     assert out["tmp"] == "written" and not host_tmp.exists()  # the sandbox's /tmp is its own
-    assert out["scratch"] == "written" and (scratch / "ok.txt").read_text() == "x"
+    assert out["scratch"] == "written" and not (scratch / "ok.txt").exists()  # so is its scratch directory
     assert out["kbench"] is True and out["shadow"] is False
     # of the home directory, at most the parents of what is bound (e.g. ~/.pyenv holding the interpreter)
     bound = {Path(r).relative_to(Path.home()).parts[0] for r in sandbox.readable_roots()
@@ -328,7 +333,7 @@ def test_without_user_namespaces_untrusted_code_does_not_run_unless_allowed(tmp_
     kernel = scratch / "kernel.py"
     kernel.write_text((ROOT / "tests" / "redteam" / "honest_numpy.py").read_text())
     code = NESTED.replace("SUITE", str(suite)).replace("KERNEL", str(kernel)).replace("SCRATCH", str(scratch))
-    out = result(sandboxed(code, scratch, extra=["--disable-userns"]))
+    out = result(sandboxed(code, scratch, extra=["--disable-userns"], writable_limit=None))
 
     rc, text = out["list"]
     assert rc == 0 and "sandbox: unavailable: bwrap refused to create the namespaces" in text
@@ -378,3 +383,45 @@ def test_cuda_workers_get_the_gpu_device_nodes(tmp_path):
                           env=sandbox_environment({}, str(tmp_path)))
     devices = result(proc)
     assert {Path(n).name for n in sandbox.gpu_device_nodes()} <= set(devices) and "null" in devices
+
+
+@needs_sandbox
+def test_every_writable_place_is_bounded_before_the_kernel_runs(tmp_path):
+    """Scratch, /tmp and /dev/shm are tmpfs mounts of integrity.scratch_limit: filling one answers ENOSPC
+    (the host's disk and RAM are not the limit), and nothing written reaches the host's scratch directory."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    limit = 8 * 2**20
+    out = result(sandboxed('''
+        import errno, json, os
+        def fill(where):
+            total, chunk = 0, b"x" * 2**20
+            try:
+                for i in range(64):  # up to 64 MiB, one file per MiB (each under the file-size limit)
+                    with open(os.path.join(where, f"fill{i}"), "wb") as fh:
+                        fh.write(chunk)
+                    total += len(chunk)
+            except OSError as exc:
+                return total, errno.errorcode.get(exc.errno)
+            return total, None
+        print(json.dumps({w: fill(w) for w in (os.getcwd(), "/tmp", "/dev/shm")}))
+    ''', scratch, writable_limit=limit))
+    for where, (written, error) in out.items():
+        assert error == "ENOSPC" and 0 < written <= limit, (where, written, error)
+    assert os.listdir(scratch) == []
+
+
+def test_scratch_limit_is_a_suite_setting():
+    from kbench.integrity import IntegritySettings
+    from kbench.suite import suite_from_data
+
+    assert IntegritySettings().scratch_limit == sandbox.SCRATCH_LIMIT
+    assert IntegritySettings.from_mapping({"scratch_limit": "64MiB"}).scratch_limit == 64 * 2**20
+    suite = suite_from_data({"name": "s", "grid": [{"seqlen": 32, "heads": 2, "head_dim": 16}],
+                             "integrity": {"scratch_limit": "1GiB"}})  # the schema takes the key
+    assert IntegritySettings.from_mapping(suite.data["integrity"]).scratch_limit == 2**30
+    cmd = bwrap_command("bwrap", ["true"], scratch="/s", cuda=False, writable_limit=2**30)
+    assert cmd[cmd.index("/s") - 3:cmd.index("/s") + 1] == ["--size", str(2**30), "--tmpfs", "/s"]
+    assert "--bind" not in cmd and cmd.count("--size") == 3
+    old = bwrap_command("bwrap", ["true"], scratch="/s", cuda=False, writable_limit=None)
+    assert "--size" not in old and old[old.index("--bind"):old.index("--bind") + 3] == ["--bind", "/s", "/s"]

@@ -68,7 +68,7 @@ def list_command(pm, fmt, plugins_only):
 
         listing = {k: [dict(zip(h, r)) for r in rows] for k, (h, rows) in sections.items()}
         listing["sandbox"] = {"available": sandbox.available, "version": sandbox.version, "binary": sandbox.binary,
-                              "reason": sandbox.reason}
+                              "reason": sandbox.reason, "bounded_writes": sandbox.sized_tmpfs}
         click.echo(json.dumps(listing, indent=1))
         return
     click.echo(f"sandbox: {sandbox.describe()}" + ("" if sandbox.available else f"\n  {UNSANDBOXED_FIX}"))

@@ -84,11 +84,27 @@ def unreachable(address: str) -> str | None:
     if where is None:
         return f"cannot tell where {address!r} is: give HOST:PORT or ray://HOST:PORT"
     try:
-        with socket.create_connection(where, timeout=PROBE_TIMEOUT):
-            pass
+        with socket.create_connection(where, timeout=PROBE_TIMEOUT) as conn:
+            # a Ray head (GCS, or the Ray Client server) speaks gRPC: HTTP/2 answers its connection preface
+            # with a SETTINGS frame (9-byte header, type 4); ray.init would wait for minutes on anything else
+            conn.sendall(HTTP2_PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            reply = b""
+            while len(reply) < 9:
+                got = conn.recv(9 - len(reply))
+                if not got:
+                    break
+                reply += got
+    except socket.timeout:
+        return f"answers, but not as a Ray cluster (no gRPC reply within {PROBE_TIMEOUT:g} s)"
     except OSError as exc:
         return f"is not reachable: {exc.strerror or exc}"
+    if len(reply) < 9 or reply[3] != 4:
+        return "answers, but not as a Ray cluster (its reply is not gRPC's)"
     return None
+
+
+#: what an HTTP/2 (gRPC) client sends first (RFC 9113, section 3.4)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 class RayExecutorFactory(kx.ExecutorFactory):

@@ -189,3 +189,27 @@ def test_the_factory_check_refuses_a_dead_address_for_evolve_too(monkeypatch):
     assert err.value.where == "RAY_ADDRESS"
     monkeypatch.delenv("RAY_ADDRESS")
     RayExecutorFactory().check(executor_kit.ExecutorOptions(devices=None, address=None, settings={}))  # local: fine
+
+
+def test_the_probe_knows_a_ray_head_from_any_listening_port(cluster):
+    """ray.init hung for minutes on a port that listens but is not Ray's; the probe asks for gRPC's reply."""
+    import socket
+    import threading
+
+    from kbench_ray.plugin import unreachable
+
+    gcs = ray.get_runtime_context().gcs_address  # the running local cluster's head
+    assert unreachable(gcs) is None
+    for banner in (b"", b"SSH-2.0-OpenSSH_9.6\r\n"):  # a silent service, and one that speaks first
+        server = socket.create_server(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+
+        def serve(server=server, banner=banner):
+            conn, _ = server.accept()
+            conn.sendall(banner)
+            threading.Event().wait(5)
+            conn.close()
+        threading.Thread(target=serve, daemon=True).start()
+        why = unreachable(f"127.0.0.1:{port}")
+        assert why is not None and why.startswith("answers, but not as a Ray cluster"), why
+        server.close()

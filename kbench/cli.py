@@ -5,7 +5,6 @@ at the edge; nothing below this module prints tracebacks for bad input.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -72,8 +71,6 @@ def cli(ctx: click.Context, plugins: tuple[str, ...]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # keep litellm from fetching its model cost map over the network at import
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     cli.main(args=argv, prog_name="kbench")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from kbench.api import Status, Suite, load_suite, suite_from_data
+from kbench.api import geomean as core_geomean
 
 #: timing for a correctness-only run: every case is still executed and checked, barely timed
 CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.001,
@@ -51,10 +51,12 @@ def infrastructure_reason(record: dict[str, Any]) -> str | None:
 
 
 def geomean(values: list[float]) -> float:
-    vals = [v for v in values]
+    """The core's geometric mean, except that one missing or non-positive value makes the fitness 0 (a
+    candidate that fails a case is worth nothing; the core's geomean would leave the case out)."""
+    vals = list(values)
     if not vals or any(not v or v <= 0 for v in vals):
         return 0.0
-    return float(math.exp(sum(math.log(v) for v in vals) / len(vals)))
+    return float(core_geomean(vals))
 
 
 @dataclass

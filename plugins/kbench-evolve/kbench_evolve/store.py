@@ -21,7 +21,6 @@ update and nothing to get out of step.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import re
@@ -31,14 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kbench.api import BadInput, atomic_write_json
+from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso
 
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def workspace_root(explicit: str | Path | None = None) -> Path:
@@ -47,17 +42,8 @@ def workspace_root(explicit: str | Path | None = None) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``text`` into ``path`` through the core's atomic write (temporary file, fsync, rename)."""
+    atomic_write(path, lambda fh: fh.write(text))
 
 
 def append_jsonl(path: Path, entry: dict[str, Any]) -> None:

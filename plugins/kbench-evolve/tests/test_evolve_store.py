@@ -149,3 +149,17 @@ def test_agent_context_compaction_elides_oldest_tool_results_only():
     assert msgs[3]["content"].startswith("[elided: 1000 characters of an older read_version")
     assert msgs[-1]["content"] == "x" * 1000 and msgs[0]["content"] == "s" * 100
     assert sum(1 for m in msgs if m.get("role") == "tool") == 10  # pairing kept
+
+
+def test_store_and_fitness_use_the_core_utilities(tmp_path):
+    """One now_iso, one atomic write, one geometric mean (issue 14): evolve keeps only its zero rule."""
+    import kbench.api as api
+    from kbench_evolve import fitness, store
+
+    assert store.now_iso is api.now_iso
+    assert fitness.geomean([2.0, 8.0]) == pytest.approx(4.0) == api.geomean([2.0, 8.0])
+    assert fitness.geomean([2.0, 0.0]) == 0.0 and fitness.geomean([]) == 0.0  # a failed case: worth nothing
+    assert api.geomean([2.0, 0.0]) == pytest.approx(2.0)                       # the core leaves it out
+    target = tmp_path / "deep" / "file.txt"
+    store.atomic_write_text(target, "é\n")
+    assert target.read_text(encoding="utf-8") == "é\n" and list(target.parent.iterdir()) == [target]

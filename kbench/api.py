@@ -98,6 +98,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "render_table": ("kbench.tables", "render"),
     "atomic_write_json": ("kbench.results", "atomic_write_json"),
     "atomic_write": ("kbench.outputs", "atomic_write"),  # atomic_write(path, lambda fh: fh.write(text))
+    "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
     "geomean": ("kbench.compare", "geomean"),
     "parse_source": ("kbench.integrity", "parse_source"),  # ast.parse, safe from several threads
@@ -140,6 +141,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.record import Record, records_of
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.integrity import parse_source
+    from kbench.calibrate import MatmulSpec
     from kbench.outputs import atomic_write
     from kbench.results import atomic_write_json, now_iso
     from kbench.runner import RunRequest, pick_device, plan_run, run_suite

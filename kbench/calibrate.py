@@ -45,11 +45,13 @@ class MatmulSpec:
     """One matmul rate to measure: the dtype it is reported for, and how it is computed."""
 
     dtype: str            # the dtype the rate is reported for (a case dtype or fp64)
-    storage: str          # numpy dtype name of the operands (or "bfloat16" for torch)
-    library: str          # "xp" (the device's array module) or "torch"
+    storage: str          # numpy dtype name of the operands (or another library's, e.g. torch's "bfloat16")
+    library: str          # "xp" (the device's array module), or a library the device's plugin runs it with
     note: str = ""
 
 
+#: what a device without its own plan is calibrated with (a device plugin's ``calibration_matmuls()``
+#: replaces it: kbench-cuda's measures cuBLAS GEMMs, and the bf16 one through torch)
 CPU_MATMULS = (
     MatmulSpec("fp64", "float64", "xp"),
     MatmulSpec("fp32", "float32", "xp"),
@@ -58,15 +60,6 @@ CPU_MATMULS = (
     MatmulSpec("fp16", "float32", "xp", note="float32 GEMM: NumPy has no half-precision GEMM; CPU kernels compute in fp32"),
     MatmulSpec("bf16", "float32", "xp", note="float32 GEMM: NumPy has no bf16 GEMM; CPU kernels compute in fp32"),
 )
-
-CUDA_MATMULS = (
-    MatmulSpec("fp64", "float64", "xp"),
-    MatmulSpec("fp32", "float32", "xp", note="CuPy default compute type (no TF32)"),
-    MatmulSpec("fp16", "float16", "xp", note="cuBLAS GEMM, fp32 accumulation (tensor cores)"),
-    # CuPy has no bfloat16 dtype; torch, when installed, runs the bf16 GEMM on the same stream.
-    MatmulSpec("bf16", "bfloat16", "torch", note="torch.matmul, bf16 tensor cores"),
-)
-
 
 @dataclass(frozen=True)
 class CalibrationSettings:
@@ -79,14 +72,17 @@ class CalibrationSettings:
 
 
 def default_settings(device: Device) -> CalibrationSettings:
-    if device.name == "cpu":
-        return CalibrationSettings()
-    # a GPU needs a large GEMM to fill its SMs and a copy far larger than its L2
-    return CalibrationSettings(matmul_size=8192, copy_bytes=2 * 2**30)
+    """The GEMM size and copied bytes the device asks for (a GPU needs a large GEMM to fill its SMs and a
+    copy far larger than its L2: ``calibration_matmul_size``/``calibration_copy_bytes`` of its class)."""
+    base = CalibrationSettings()
+    return CalibrationSettings(matmul_size=int(getattr(device, "calibration_matmul_size", base.matmul_size)),
+                               copy_bytes=int(getattr(device, "calibration_copy_bytes", base.copy_bytes)))
 
 
 def matmul_plan(device: Device) -> tuple[MatmulSpec, ...]:
-    return CPU_MATMULS if device.name == "cpu" else CUDA_MATMULS
+    """The device's own plan (``calibration_matmuls()``), else the host's."""
+    own = getattr(device, "calibration_matmuls", None)
+    return tuple(own()) if callable(own) else CPU_MATMULS
 
 
 def array_module(array: Any):
@@ -103,15 +99,11 @@ def array_module(array: Any):
 # ---------------------------------------------------------------------------------------------
 
 def _operands(device: Device, spec: MatmulSpec, n: int, rng: np.random.Generator) -> Callable[[], Any]:
-    if spec.library == "torch":
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError("torch is not installed (CuPy has no bfloat16)") from None
-        dt = getattr(torch, spec.storage)
-        a, b = (torch.randn(n, n, dtype=dt, device="cuda") for _ in range(2))
-        c = torch.empty(n, n, dtype=dt, device="cuda")
-        return lambda: torch.matmul(a, b, out=c)
+    if spec.library != "xp":  # another library's GEMM: the device's plugin builds it
+        build = getattr(device, "matmul_operands", None)
+        if not callable(build):
+            raise RuntimeError(f"device {device.name!r} has no matmul_operands() for a {spec.library} GEMM")
+        return build(spec, n, rng)
     a, b = (device.from_host(rng.standard_normal((n, n), dtype=np.float32).astype(spec.storage)) for _ in range(2))
     c = device.from_host(np.zeros((n, n), dtype=spec.storage))
     xp = array_module(a)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kbench.calibrate import (CalibrationSettings, array_module, calibrate, calibration_path, load_calibration,
-                              matmul_plan, save_calibration, with_calibration)
+from kbench.calibrate import (CalibrationSettings, array_module, calibrate, calibration_path, default_settings,
+                              load_calibration, matmul_plan, save_calibration, with_calibration)
 from kbench.devices.cpu import CPUDevice
 from kbench.errors import BadInput
 from kbench.plugins import PluginManager
@@ -88,15 +88,24 @@ def test_damaged_calibration_file_is_bad_input(tmp_path):
     assert load_calibration(tmp_path / "absent.json") is None
 
 
-class FakeCudaDevice(CPUDevice):
-    """The cuda plan on host memory: the same code path, minus CuPy (not installed on this machine)."""
-
-    name = "cuda"
+def fake_cuda_device_class():
+    """The cuda device's calibration plan (kbench-cuda's) on host memory: the same code path, minus a GPU."""
+    cuda = pytest.importorskip("kbench_cuda.device").CudaDevice
+    return type("FakeCudaDevice", (CPUDevice,), {
+        "name": "cuda", "index": 0, "calibration_matmul_size": cuda.calibration_matmul_size,
+        "calibration_copy_bytes": cuda.calibration_copy_bytes, "calibration_matmuls": cuda.calibration_matmuls,
+        "matmul_operands": cuda.matmul_operands})
 
 
 def test_cuda_plan_runs_through_the_same_code():
+    FakeCudaDevice = fake_cuda_device_class()
     plan = {s.dtype: s for s in matmul_plan(FakeCudaDevice())}
     assert plan["fp16"].storage == "float16" and plan["bf16"].library == "torch"
+    # the device decides its plan and sizes, not a branch on its name in the core
+    assert default_settings(FakeCudaDevice()).matmul_size == 8192
+    assert default_settings(CPUDevice()).matmul_size == 2048 and matmul_plan(CPUDevice())[0].library == "xp"
+    renamed = type("Renamed", (FakeCudaDevice,), {"name": "accel"})()
+    assert matmul_plan(renamed) == matmul_plan(FakeCudaDevice())
     doc = calibrate(FakeCudaDevice(), CalibrationSettings(matmul_size=32, copy_bytes=2**16, timing=FAST))
     assert {m["dtype"] for m in doc["matmul"]} >= {"fp64", "fp32", "fp16"}
     fp16 = next(m for m in doc["matmul"] if m["dtype"] == "fp16")

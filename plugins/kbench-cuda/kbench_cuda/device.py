@@ -135,6 +135,9 @@ class GraphLog:
 class CudaDevice(Device):
     name = "cuda"
     description = "CuPy arrays on one CUDA GPU; CUDA events; L2 flushed before each sample; NVML telemetry"
+    #: ``kbench calibrate``: a GEMM large enough to fill the SMs, a copy far larger than the L2
+    calibration_matmul_size = 8192
+    calibration_copy_bytes = 2 * 2**30
 
     def __init__(self, index: int | None = None) -> None:
         self._index = index
@@ -151,6 +154,31 @@ class CudaDevice(Device):
         self._power_w: list[float] = []
         self._cuda_graph: bool | None = None  # None: KBENCH_CUDA_GRAPH decides, read at each call
         self._graph_log = GraphLog()
+
+    # -- calibration (kbench calibrate) ----------------------------------------------------------
+
+    def calibration_matmuls(self) -> tuple:
+        """cuBLAS GEMMs through CuPy; CuPy has no bfloat16, so torch (when installed) runs the bf16 one."""
+        from kbench.api import MatmulSpec
+
+        return (MatmulSpec("fp64", "float64", "xp"),
+                MatmulSpec("fp32", "float32", "xp", note="CuPy default compute type (no TF32)"),
+                MatmulSpec("fp16", "float16", "xp", note="cuBLAS GEMM, fp32 accumulation (tensor cores)"),
+                MatmulSpec("bf16", "bfloat16", "torch", note="torch.matmul, bf16 tensor cores"))
+
+    def matmul_operands(self, spec, n: int, rng: np.random.Generator) -> Callable[[], Any]:
+        """The timed call of a ``torch`` GEMM of the plan on this device (random operands, output reused)."""
+        if spec.library != "torch":
+            raise RuntimeError(f"no {spec.library} GEMM on the cuda device")
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeError("torch is not installed (CuPy has no bfloat16)") from None
+        dt = getattr(torch, spec.storage)
+        where = f"cuda:{self.index}"
+        a, b = (torch.randn(n, n, dtype=dt, device=where) for _ in range(2))
+        c = torch.empty(n, n, dtype=dt, device=where)
+        return lambda: torch.matmul(a, b, out=c)
 
     # -- identity and availability -------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Mapping
 
 from kbench.devices import Device
+from kbench.sandbox import SCRATCH_LIMIT
 
 # --------------------------------------------------------------------------------------------
 # settings
@@ -93,7 +94,7 @@ class IntegritySettings:
     cache_ratio: float = 4.0                  # timed median this many times faster than fresh calls: cached
     memory_limit: int | None = None           # RLIMIT_AS of sandboxed workers (None: half the RAM, CPU only)
     file_size_limit: int | None = 64 * 2**20  # RLIMIT_FSIZE of sandboxed workers
-    scratch_limit: int = 256 * 2**20          # size of each writable tmpfs of a sandboxed worker (scratch, /tmp, /dev/shm)
+    scratch_limit: int = SCRATCH_LIMIT        # size of each writable tmpfs of a sandboxed worker (scratch, /tmp, /dev/shm)
     cpu_time_factor: float = 4.0              # RLIMIT_CPU per case = factor * case timeout * cores
 
     @classmethod

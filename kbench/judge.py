@@ -443,7 +443,8 @@ class Judge:
         # verified after the reply: the first call (its slot served the correctness check: a cache keyed
         # by address answers it stale), the last, and one the runner could not know in advance
         # (integrity.verify_timed_outputs: false leaves only the NaN/Inf check above)
-        verified = {slots[0], slots[n - 1], slots[int(self.rng.integers(n))]} if self.ctx.integrity.verify_timed_outputs else ()
+        verified = ({slots[0], slots[n - 1], slots[int(self.rng.integers(n))]}
+                    if self.ctx.integrity.verify_timed_outputs else ())
         for slot in sorted(verified):
             try:
                 # fewer rows (still picked after the fact) and no uniform-attention reference: the

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from kbench.hints import traceback_hint
-from kbench.record import Record
 from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
 
@@ -146,5 +145,5 @@ def _run_with_progress(pm, planned, total, existing=()):
         task = bar.add_task("measuring", total=total, last="")
 
         def on_record(rec, i, n):
-            bar.update(task, completed=i, last=f"{rec['backend']} {Record.of(rec).status.value}")
+            bar.update(task, completed=i, last=f"{rec['backend']} {rec['status']}")
         return run_suite(pm, planned, on_record=on_record, existing=existing)

@@ -53,7 +53,7 @@ def device_float32(xp: Any, array: np.ndarray):
     bfloat16 is the upper half of the float32 with the same value), which needs no host work at all.
     """
     host = np.ascontiguousarray(array)
-    if host.dtype.itemsize == 2 and host.dtype != np.float16:  # bfloat16 (ml_dtypes): its bits, widened
+    if host.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: its bits, widened
         bits = xp.asarray(host.view(np.uint16)).astype(xp.uint32)
         return xp.left_shift(bits, 16).view(xp.float32)
     return xp.asarray(host).astype(xp.float32)

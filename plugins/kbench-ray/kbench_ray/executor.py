@@ -25,7 +25,6 @@ import ray.exceptions as rex
 
 from kbench.api import BadInput, Status
 from kbench.api import executor_kit as kx
-from kbench_ray.plugin import refuse_unreachable
 from kbench_ray.settings import check_settings
 
 #: what losing an actor or its node raises
@@ -68,7 +67,6 @@ class RayExecutor(kx.SlotExecutor):
         self.pm, self.planned = pm, planned
         self.started_ray = False
         if not ray.is_initialized():
-            refuse_unreachable(options.address)  # ray.init would retry a dead address for minutes
             try:
                 ray.init(address=options.address, include_dashboard=False, log_to_driver=False,
                          logging_level="warning")

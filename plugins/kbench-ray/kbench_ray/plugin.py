@@ -75,11 +75,9 @@ def refuse_unreachable(given: str | None) -> None:
 
 
 def unreachable(address: str) -> str | None:
-    """Why nothing answers at a cluster address (a TCP probe of PROBE_TIMEOUT s), or None when something does.
-
-    ``ray.init`` itself retries an address that does not answer for minutes (a run hung there before
-    this probe); a listening port that is not a Ray head is left to Ray to refuse.
-    """
+    """Why no Ray head answers at a cluster address, or None when one does: a connection and HTTP/2's
+    preface, each within PROBE_TIMEOUT s. ``ray.init`` waits minutes on a dead address or on a port some
+    other service holds (a run hung there before this probe)."""
     where = split_address(address)
     if where is None:
         return f"cannot tell where {address!r} is: give HOST:PORT or ray://HOST:PORT"
@@ -123,7 +121,8 @@ class RayExecutorFactory(kx.ExecutorFactory):
         return f"ray {version}; " + cluster_note(options.address if options else None)
 
     def check(self, options) -> None:
-        """Settings valid and the cluster's address answering (exit 2 before any work otherwise)."""
+        """Settings valid and the cluster's address answering (exit 2 before any work otherwise); plan_run
+        calls it before the executor is made, so ray.init never meets a dead address."""
         from kbench_ray.settings import check_settings
 
         check_settings(options)

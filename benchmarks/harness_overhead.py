@@ -2,7 +2,7 @@
 """The harness's own cost and the noise it reaches, on a fixed CPU workload.
 
 Prints, for REPEATS runs side by side:
-  * one (case, backend) through kbench.execute with the default timing settings: wall time of the
+  * one (case, backend) judged in-process with the default timing settings: wall time of the
     record vs the sum of its timed samples (the rest is warm-up, correctness checks, references,
     input generation and statistics), samples taken, stop reason, relative spread and rel. SE reached;
   * `kbench run suites/smoke.yaml` as a user runs it: process wall time vs the sum of every timed sample;
@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbench.execute import ExecContext, execute
+from kbench.judge.context import RunContext
+from kbench.run.pool import execute_in_process
 from kbench.plugins import PluginManager
 from kbench.suite import CheckSettings
 from kbench.timing import TimingSettings
@@ -34,10 +35,10 @@ CASE = {"batch": 1, "seqlen": 512, "heads": 8, "head_dim": 64, "causal": False, 
 def one_record(pm: PluginManager, backend: str) -> dict:
     reg = pm.registry
     op, dev = reg.op("attention"), reg.device("cpu")
-    ctx = ExecContext(op=op, device=dev, check=CheckSettings(), timing=TimingSettings(),
+    ctx = RunContext(op=op, device=dev, check=CheckSettings(), timing=TimingSettings(),
                       hardware=pm.detect_hardware(dev))
     t0 = time.perf_counter()
-    rec = execute(ctx, reg.backends[backend], op.make_case(CASE))
+    rec = execute_in_process(ctx, reg.backends[backend], op.make_case(CASE))
     wall = time.perf_counter() - t0
     timed = sum(rec["timing"]["samples"])
     return {"wall": wall, "timed": timed, "n": len(rec["timing"]["samples"]), "stop": rec["timing"]["stop_reason"],
@@ -56,10 +57,10 @@ def spin_precision(pm: PluginManager, target: float = 0.02) -> dict:
             pass
     reg = pm.registry
     op, dev = reg.op("attention"), reg.device("cpu")
-    ctx = ExecContext(op=op, device=dev, check=CheckSettings(seeds=1),
+    ctx = RunContext(op=op, device=dev, check=CheckSettings(seeds=1),
                       timing=TimingSettings(warmup_time=0.0, min_samples=30, min_time=0.0, max_time=3.0,
                                             target_rel_se=0.0))
-    rec = execute(ctx, FunctionBackend(spin), op.make_case({"seqlen": 16, "heads": 1, "head_dim": 8}))
+    rec = execute_in_process(ctx, FunctionBackend(spin), op.make_case({"seqlen": 16, "heads": 1, "head_dim": 8}))
     samples = rec["timing"]["samples"]
     return {"median": statistics.median(samples), "min": min(samples), "n": len(samples),
             "explained": rec["timing"]["accounting"]["explained"], "status": rec["status"]}

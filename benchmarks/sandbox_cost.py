@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbench.execute import ExecContext
+from kbench.judge.context import RunContext
 from kbench.plugins import PluginManager
-from kbench.sandbox import probe
+from kbench.run.sandbox import probe
 from kbench.suite import CheckSettings
 from kbench.timing import TimingSettings
-from kbench.workers import Worker, WorkerPool
+from kbench.run.pool import Worker, WorkerPool
 
 
 def start_seconds(setup) -> float:
@@ -95,7 +95,7 @@ def main() -> None:
     pm = PluginManager()
     reg = pm.registry
     device = reg.device("cpu")
-    ctx = ExecContext(op=reg.op("attention"), device=device, check=CheckSettings(), timing=TimingSettings(),
+    ctx = RunContext(op=reg.op("attention"), device=device, check=CheckSettings(), timing=TimingSettings(),
                       hardware=pm.detect_hardware(device))
     sandboxed = WorkerPool(pm, ctx)._setup(True)
     modes = {"bubblewrap": sandboxed, "no bubblewrap": dataclasses.replace(sandboxed, bwrap=False)}

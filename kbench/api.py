@@ -50,7 +50,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "CaseError": ("kbench.ops", "CaseError"),
     "Substrate": ("kbench.kernelfile", "Substrate"),
     # a kernel file registered as a backend, run in a worker (never imported by the parent)
-    "KernelFileRef": ("kbench.workers", "KernelFileRef"),
+    "KernelFileRef": ("kbench.kernelfile", "KernelFileRef"),
     "HardwareProfile": ("kbench.hardware", "HardwareProfile"),
     "match_profile": ("kbench.hardware", "match_profile"),
     "load_profiles": ("kbench.hardware", "load_profiles"),
@@ -88,11 +88,11 @@ SURFACE: dict[str, tuple[str, str]] = {
     "Suite": ("kbench.suite", "Suite"),
     "load_suite": ("kbench.suite", "load_suite"),
     "suite_from_data": ("kbench.suite", "suite_from_data"),
-    "RunRequest": ("kbench.runner", "RunRequest"),
-    "plan_run": ("kbench.runner", "plan_run"),
-    "run_suite": ("kbench.runner", "run_suite"),
-    "pick_device": ("kbench.runner", "pick_device"),
-    "executor_kit": ("kbench.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
+    "RunRequest": ("kbench.run.runner", "RunRequest"),
+    "plan_run": ("kbench.run.runner", "plan_run"),
+    "run_suite": ("kbench.run.runner", "run_suite"),
+    "pick_device": ("kbench.run.runner", "pick_device"),
+    "executor_kit": ("kbench.run.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
     "render_table": ("kbench.tables", "render"),
@@ -101,7 +101,10 @@ SURFACE: dict[str, tuple[str, str]] = {
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
     "geomean": ("kbench.compare", "geomean"),
-    "parse_source": ("kbench.integrity", "parse_source"),  # ast.parse, safe from several threads
+    "parse_source": ("kbench.source", "parse_source"),
+    # the counter-based input generator (kbench.ops.inputs): a device plugin draws inputs where they live
+    "philox_source": ("kbench.ops.inputs", "philox_source"),
+    "RegeneratedInputs": ("kbench.ops.inputs", "RegeneratedInputs"),  # ast.parse, safe from several threads
 }
 
 __all__ = sorted(SURFACE)
@@ -140,12 +143,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.record import Record, records_of
     from kbench.registry import KINDS, Registry, RegistrationWarning
-    from kbench.integrity import parse_source
+    from kbench.source import parse_source
     from kbench.calibrate import MatmulSpec
     from kbench.outputs import atomic_write
     from kbench.results import atomic_write_json, now_iso
-    from kbench.runner import RunRequest, pick_device, plan_run, run_suite
+    from kbench.run.runner import RunRequest, pick_device, plan_run, run_suite
     from kbench.selection import BackendPattern
-    from kbench.workers import KernelFileRef
+    from kbench.kernelfile import KernelFileRef
     from kbench.suite import Suite, load_suite, suite_from_data
     from kbench.tables import render as render_table

@@ -79,7 +79,7 @@ def kbench_register_hardware(registry: Registry) -> None:
 @hookspec
 def kbench_register_executors(registry: Registry) -> None:
     """Register executors (where ``kbench run --executor NAME`` runs its (case, backend) jobs) with
-    ``registry.add_executor(factory)``, a :class:`kbench.executors.ExecutorFactory` (``kbench.api.executor_kit``).
+    ``registry.add_executor(factory)``, a :class:`kbench.run.executors.ExecutorFactory` (``kbench.api.executor_kit``).
 
     Import the engine (Ray, ...) only in the factory's ``create``: ``available()``/``status()`` say why it
     cannot run (library missing, no cluster reachable) without importing it. See docs/scale-out.md.

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 from kbench.backends import Backend, TrainingKernel, Tunable
 from kbench.errors import BadInput
 from kbench.ops import Case
+from kbench.source import literal_globals
 
 
 class Substrate:
@@ -175,3 +176,49 @@ def _tunable(name: str, spec: Any, path) -> Tunable:
         return Tunable(spec["default"], tuple(spec.get("choices", ())), spec.get("help", ""))
     raise BadInput(f"TUNABLES[{name!r}] must be a mapping with 'default' (and optional 'choices')",
                    file=str(path), fix=f'TUNABLES = {{"{name}": {{"default": 64, "choices": [32, 64, 128]}}}}')
+
+
+class KernelFileRef(Backend):
+    """A kernel file known to the parent only by its text: never imported here, run in a worker.
+
+    ``NAME``, ``OP`` and ``SUBSTRATE`` are read as literals from the source without running it; the
+    worker loads the very text read here (so the file cannot change between the check and the run).
+    """
+
+    def __init__(self, path: str | Path, registry, *, settings: Mapping[str, Any] | None = None,
+                 name: str | None = None, trusted: bool = False) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise BadInput("kernel file not found", file=str(path), fix="give the path of a .py file")
+        try:
+            self.source_text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read kernel file: {exc}", file=str(path), fix="give a readable UTF-8 file") from None
+        meta = literal_globals(self.source_text, ("NAME", "OP", "SUBSTRATE"))
+        for key, value in meta.items():
+            if not isinstance(value, str):
+                raise BadInput(f"{key} must be a string literal", file=str(path), where=key,
+                               fix=f'write e.g. {key} = "..." (it is read without running the file)')
+        self.op = meta.get("OP", "attention")
+        registry.op(self.op)
+        sub = meta.get("SUBSTRATE", "numpy")
+        if sub not in registry.substrates:
+            raise BadInput(f"unknown SUBSTRATE {sub!r}", file=str(path),
+                           fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
+        self.substrate = registry.substrates[sub]
+        self.device = self.substrate.device
+        self.name = name or meta.get("NAME") or f"file:{path.stem}"
+        self.source_path = str(path)
+        self.settings = dict(settings or {})
+        self.trusted = trusted
+        self.description = f"kernel file {path} (runs in a worker)"
+
+    def available(self) -> str | None:
+        return self.substrate.available()
+
+    def prepare(self, case: Case):
+        raise RuntimeError("a kernel file referenced by text runs only in a worker")
+
+    def info(self) -> dict[str, Any]:
+        return {"kernel_file": self.source_path, "sha256": hashlib.sha256(self.source_text.encode()).hexdigest(),
+                "substrate": self.substrate.name, "tunables": dict(self.settings)}

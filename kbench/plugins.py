@@ -36,14 +36,22 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "kbench.builtin.numpy_varlen",
     "kbench.builtin.hardware",
     "kbench.builtin.commands",
-    "kbench.executors",
+    "kbench.run.executors",
 )
+
+#: the default plugins a worker loads: what runs a kernel, never the run side's (commands, executors)
+WORKER_DEFAULT_PLUGINS: tuple[str, ...] = tuple(m for m in DEFAULT_PLUGINS if m not in (
+    "kbench.builtin.hardware", "kbench.builtin.commands", "kbench.run.executors"))
 
 ENTRY_POINT_GROUP = "kbench"
 
 
 class PluginWarning(UserWarning):
     """A plugin that loads but will not do what its author meant (no hooks, a mistyped group)."""
+
+#: the registration hooks a worker calls (kbench.worker.main)
+WORKER_HOOKS = ("kbench_register_ops", "kbench_register_devices", "kbench_register_kernel_substrates",
+                "kbench_register_backends")
 
 REGISTRATION_HOOKS = (
     "kbench_register_ops",
@@ -70,7 +78,7 @@ class PluginManager:
     """A pluggy manager plus the registry built from the registration hooks."""
 
     def __init__(self, extra: Iterable[str] = (), *, load_entry_points: bool = True,
-                 defaults: Iterable[str] = DEFAULT_PLUGINS) -> None:
+                 defaults: Iterable[str] = DEFAULT_PLUGINS, hooks: Iterable[str] = REGISTRATION_HOOKS) -> None:
         self.pm = pluggy.PluginManager("kbench")
         self.pm.add_hookspecs(hookspecs)
         self.infos: list[PluginInfo] = []
@@ -94,7 +102,7 @@ class PluginManager:
                                   "that defines hooks of its own adds their specs in kbench_add_hookspecs(pluginmanager)"
                               ) from exc
         self.registry = Registry(manager=self)
-        for hook in REGISTRATION_HOOKS:
+        for hook in hooks:
             self.call_each(hook, registry=self.registry)
         if load_entry_points:
             for ep in misplaced_entry_points():
@@ -302,9 +310,14 @@ def format_plugin_report(report: dict[str, Any], fmt: str = "table") -> str:
 _cached: dict[tuple, PluginManager] = {}
 
 
-def get_plugin_manager(extra: Iterable[str] = (), *, fresh: bool = False) -> PluginManager:
-    """The process-wide plugin manager for this set of extra plugins and environment."""
-    key = (tuple(extra), os.environ.get("KBENCH_PLUGINS", ""), os.environ.get("KBENCH_DISABLE_PLUGINS", ""))
+def get_plugin_manager(extra: Iterable[str] = (), *, fresh: bool = False, worker: bool = False) -> PluginManager:
+    """The process-wide plugin manager for this set of extra plugins and environment.
+
+    ``worker``: only what a worker runs (ops, devices, substrates, backends): no hardware profiles, no
+    executors, so a worker never imports the run side (kbench.run).
+    """
+    key = (tuple(extra), os.environ.get("KBENCH_PLUGINS", ""), os.environ.get("KBENCH_DISABLE_PLUGINS", ""), worker)
     if fresh or key not in _cached:
-        _cached[key] = PluginManager(extra)
+        _cached[key] = (PluginManager(extra, hooks=WORKER_HOOKS, defaults=WORKER_DEFAULT_PLUGINS) if worker
+                        else PluginManager(extra))
     return _cached[key]

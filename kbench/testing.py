@@ -18,8 +18,8 @@ from typing import Any, Callable
 import pytest
 
 from kbench.backends import Backend
-from kbench.execute import ExecContext, execute
-from kbench.integrity import IntegritySettings
+from kbench.judge.context import RunContext
+from kbench.judge.policy import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
 from kbench.suite import CheckSettings
@@ -81,9 +81,11 @@ def check_backend(pm: PluginManager, backend: Backend, case: Case, *, device: st
                   integrity: IntegritySettings | None = None) -> dict[str, Any]:
     """Execute one (backend, case) in-process with test settings and return its record."""
     dev = pm.registry.device(device or backend.device)
-    ctx = ExecContext(op=pm.registry.op(case.op), device=dev, check=check, timing=timing,
-                      hardware=pm.detect_hardware(dev), integrity=integrity or IntegritySettings())
-    return execute(ctx, backend, case)
+    from kbench.run.pool import execute_in_process
+
+    ctx = RunContext(op=pm.registry.op(case.op), device=dev, check=check, timing=timing,
+                     hardware=pm.detect_hardware(dev), integrity=integrity or IntegritySettings())
+    return execute_in_process(ctx, backend, case)
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ class TimingSettings:
     min_time: float = 0.2          # seconds of samples before the noise target may stop sampling
     max_time: float = 3.0          # stop sampling after this long (s), whatever the noise
     target_rel_se: float = 0.005   # stop when stderr(mean)/mean falls below this
-    rotate: int = 3                # input buffer sets cycled through (defeats caching by address)
+    rotate: int = 3                # accepted and ignored: every timed call gets inputs generated just before it
+    energy_seconds: float = 0.0    # after the samples, a sustained loop this long for energy and clocks (0: none)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, base: TimingSettings | None = None) -> TimingSettings:
@@ -42,9 +43,13 @@ class Timing:
     warmup_calls: int
     warmup_time: float
     sampling_time: float           # wall time of the sampling loop, overhead included
+    below_min_samples: bool = False  # stopped at the hard time limit before reaching min_samples
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.below_min_samples:
+            out.pop("below_min_samples")
+        return out
 
 
 def measure(device: Device, calls: Sequence[Callable[[], Any]], settings: TimingSettings,

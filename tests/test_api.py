@@ -47,7 +47,7 @@ def test_an_unknown_name_says_what_exists():
 
 
 def test_importing_the_api_pulls_in_nothing_heavy():
-    heavy = ("torch", "cupy", "triton", "litellm", "scipy", "matplotlib", "kbench.backends", "kbench.runner")
+    heavy = ("torch", "cupy", "triton", "litellm", "scipy", "matplotlib", "kbench.backends", "kbench.run.runner")
     assert imported_by(["kbench", "kbench.api"], heavy) == []
     # resolving the names a backend plugin uses imports no array library but NumPy either
     code = ("import sys; from kbench.api import Backend, Tunable, as_torch, as_cupy, softmax_scale; "

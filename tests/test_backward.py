@@ -240,7 +240,7 @@ def test_large_cases_check_a_budgeted_set_of_kv_heads(kbench_case, monkeypatch):
 
 
 def test_features_list_passes_the_static_checks_a_cache_does_not():
-    from kbench.integrity import IntegritySettings, static_check
+    from kbench.judge.policy import IntegritySettings, static_check
 
     clean = "FEATURES = ['bwd', 'fwd_bwd']\nTUNABLES = {}\ndef attention(q, k, v, out, *, causal, scale):\n    pass\n"
     assert static_check(clean, IntegritySettings()) == []

@@ -170,12 +170,13 @@ def test_cache_by_content_never_hits_when_timed(kbench_case, kbench_check, fake_
     assert timed >= 3 and len(memo) >= timed
     # the warm-up calls precede the first refresh: their content may come back once, never a timed sample's
     assert len(hits) <= rec["timing"]["warmup_calls"]
-    assert rec["integrity"]["timed_inputs"] == "new content for every timed call"
+    assert rec["integrity"]["timed_inputs"].startswith("generated on the device just before each call")
 
 
 def test_inputs_come_from_the_run_secret_not_the_case_id(kbench_pm, kbench_case, fake_backend):
     """Class 1: the same case gives other inputs under another secret, the same under the same one."""
-    from kbench.execute import ExecContext, execute
+    from kbench.judge.context import RunContext
+    from kbench.run.pool import execute_in_process
     from kbench.testing import TEST_CHECK, TEST_TIMING
 
     case = kbench_case()
@@ -186,9 +187,9 @@ def test_inputs_come_from_the_run_secret_not_the_case_id(kbench_pm, kbench_case,
         def remember(q, k, v, out, case):
             seen.append(float(q.ravel()[0]))
             honest(q, k, v, out, case)
-        ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
-                          check=TEST_CHECK, timing=TEST_TIMING, secret=secret)
-        assert execute(ctx, fake_backend(remember), case)["status"] == "passed"
+        ctx = RunContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                         check=TEST_CHECK, timing=TEST_TIMING, secret=secret)
+        assert execute_in_process(ctx, fake_backend(remember), case)["status"] == "passed"
         return seen[:TEST_CHECK.seeds]
 
     a, b = first_inputs(b"a" * 32), first_inputs(b"b" * 32)
@@ -198,12 +199,12 @@ def test_inputs_come_from_the_run_secret_not_the_case_id(kbench_pm, kbench_case,
 def test_a_worker_is_never_given_the_secret(kbench_pm):
     import pickle
 
-    from kbench.execute import ExecContext
+    from kbench.judge.context import RunContext
+    from kbench.run.pool import WorkerPool
     from kbench.testing import TEST_CHECK, TEST_TIMING
-    from kbench.workers import WorkerPool
 
-    ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
-                      check=TEST_CHECK, timing=TEST_TIMING)
+    ctx = RunContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                     check=TEST_CHECK, timing=TEST_TIMING)
     for sandbox in (True, False):
         assert ctx.secret not in pickle.dumps(WorkerPool(kbench_pm, ctx)._setup(sandbox))
 
@@ -222,10 +223,11 @@ def test_rows_are_picked_after_the_output_exists(kbench_case, kbench_check, fake
 
 def test_a_reply_that_is_not_the_protocol_fails_the_record(kbench_pm, kbench_case):
     """Class 4: whatever the runner sends is data; a forged verdict is refused, not believed."""
-    from kbench.calls import CallRunner, LocalChannel
-    from kbench.execute import ExecContext
-    from kbench.judge import judge
+    from kbench.judge.context import RunContext
+    from kbench.judge.judge import judge
+    from kbench.run.pool import LocalChannel
     from kbench.testing import TEST_CHECK, TEST_TIMING, FunctionBackend
+    from kbench.worker.calls import CallRunner
 
     class Forger(LocalChannel):
         def request(self, message, timeout):
@@ -233,17 +235,17 @@ def test_a_reply_that_is_not_the_protocol_fails_the_record(kbench_pm, kbench_cas
                 return ("record", {"status": "passed", "stats": {"median": 1e-9}})
             return super().request(message, timeout)
 
-    ctx = ExecContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
-                      check=TEST_CHECK, timing=TEST_TIMING)
+    ctx = RunContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                     check=TEST_CHECK, timing=TEST_TIMING)
     backend = FunctionBackend(honest)
-    rec = judge(ctx, Forger(CallRunner(ctx.device), backend), "forger", kbench_case())
-    assert rec["status"] == "failed" and "the runner sent 'record' where 'batch' was expected" in rec["reason"]
+    rec = judge(ctx, Forger(CallRunner(ctx.device, ctx.op), backend), "forger", kbench_case())
+    assert rec["status"] == "failed" and "the worker sent 'record' where 'batch' was expected" in rec["reason"]
 
 
-def test_a_20ms_kernel_is_accounted_for_and_reported_at_20ms(kbench_case, kbench_check, fake_backend):
+def test_a_20ms_kernel_is_accounted_for_and_never_reported_faster(kbench_case, kbench_check, fake_backend):
     """The parent's accounting must not cost accuracy: a kernel that busy-waits 20 ms is never reported
-    faster, and its samples add up on the parent's clock. The bound above is generous (load only ever
-    adds); the 1% precision figure is measured by benchmarks/harness_overhead.py."""
+    faster, and its samples add up on the parent's clock (load only ever adds, so no upper bound is
+    asserted; the precision figure is measured by benchmarks/harness_overhead.py)."""
     import time
 
     from kbench.timing import TimingSettings
@@ -257,6 +259,6 @@ def test_a_20ms_kernel_is_accounted_for_and_reported_at_20ms(kbench_case, kbench
                             max_time=5.0, target_rel_se=0.0, rotate=2)
     rec = kbench_check(fake_backend(spin), kbench_case(seqlen=16), timing=timing)
     assert rec["status"] == "passed", rec["reason"]
-    assert 0.02 <= min(rec["timing"]["samples"]) < 0.025
+    assert 0.02 <= min(rec["timing"]["samples"])
     acc = rec["timing"]["accounting"]
     assert acc["sample_seconds"] <= acc["parent_seconds"] and acc["calls_per_batch"] == 1

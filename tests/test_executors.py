@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from kbench.cli import cli
 from kbench.errors import BadInput
-from kbench.executors import Job, LocalDevicesExecutor, SlotExecutor, SlotLost, job_record, node_key, parse_devices
+from kbench.run.executors import Job, LocalDevicesExecutor, SlotExecutor, SlotLost, job_record, node_key, parse_devices
 from kbench.plugins import get_plugin_manager
 from kbench.results import load_result
-from kbench.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite
+from kbench.run.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite
 from kbench.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +48,11 @@ class DelayedExecutor(SlotExecutor):
         self.start()
 
     def run_on(self, slot, job):
-        from kbench.execute import execute
+        from kbench.run.pool import execute_in_process
 
         self.started.append(job.index)
         time.sleep(0.05 * (self.n_jobs - job.index))
-        rec = execute(self.planned.ctx, job.backend, job.case)
+        rec = execute_in_process(self.planned.ctx, job.backend, job.case)
         rec["placement"] = {"slot": slot}
         return rec
 
@@ -80,12 +80,12 @@ class FlakySlots(SlotExecutor):
         self.start()
 
     def run_on(self, slot, job):
-        from kbench.execute import execute
+        from kbench.run.pool import execute_in_process
 
         if slot == 0 and (self.lose_all or not self.replaced):
             raise SlotLost(f"slot {slot} died", job_record(self.planned, job, "crashed", f"slot {slot} died",
                                                           placement={"slot": slot}))
-        rec = execute(self.planned.ctx, job.backend, job.case)
+        rec = execute_in_process(self.planned.ctx, job.backend, job.case)
         rec["placement"] = {"slot": slot}
         return rec
 
@@ -125,7 +125,7 @@ def test_local_devices_gives_the_default_runs_records_in_its_order(tmp_path):
 
 
 def test_a_device_pool_pins_its_workers_with_cuda_visible_devices(tmp_path):
-    from kbench.workers import WorkerPool
+    from kbench.run.pool import WorkerPool
 
     pm, planned = planned_run(tmp_path, backend_patterns=["numpy"])
     case, backend = planned.work()[0]
@@ -189,7 +189,7 @@ def test_list_shows_the_executors():
     res = CliRunner().invoke(cli, ["list", "--format", "json"])
     assert res.exit_code == 0, res.output
     listing = {e["executor"]: e for e in json.loads(res.output)["executors"]}
-    assert listing["local"]["status"] == "available" and listing["local"]["plugin"] == "kbench.executors"
+    assert listing["local"]["status"] == "available" and listing["local"]["plugin"] == "kbench.run.executors"
 
 
 def test_the_default_executor_never_imports_ray(tmp_path):
@@ -204,7 +204,7 @@ def test_the_default_executor_never_imports_ray(tmp_path):
 
 
 def test_records_of_several_hardware_profiles_are_called_out():
-    from kbench.executors import profiles_note
+    from kbench.run.executors import profiles_note
 
     recs = [{"placement": {"profile": "h100-sxm"}}, {"placement": {"profile": "a100-sxm"}}, {"status": "passed"}]
     assert profiles_note(recs) == ("records measured on 2 hardware profiles (a100-sxm, h100-sxm): compare timings "

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from kbench.errors import BadInput
 from kbench.plugins import PluginManager
-from kbench.runner import integrity_settings
+from kbench.run.runner import integrity_settings
 from kbench.suite import load_suite, suite_from_data
 
 PM = PluginManager()

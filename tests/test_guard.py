@@ -1,4 +1,4 @@
-"""The audit hook (kbench.guard): what a kernel may not do, and what NumPy, torch and Triton still may.
+"""The audit hook (kbench.worker.guard): what a kernel may not do, and what NumPy, torch and Triton still may.
 
 An audit hook cannot be removed, so every check runs in a fresh interpreter: a driver (harness
 code, outside the scratch directory) loads the guard as a worker does, then imports a candidate
@@ -18,10 +18,10 @@ import pytest
 
 DRIVER = '''
 import json, os, sys, importlib.util
-import ctypes, gc, socket, subprocess, threading  # loaded by the worker before any candidate code
+import ctypes, gc, resource, socket, subprocess, threading  # loaded by the worker before any candidate code
 import numpy
-from kbench import guard
-from kbench.sandbox import SYSTEM_DIRS, readable_roots
+from kbench.worker import guard
+from kbench.run.sandbox import SYSTEM_DIRS, readable_roots
 
 scratch, names = sys.argv[1], sys.argv[2:]
 g = guard.install(scratch, system_roots=[*readable_roots(), *SYSTEM_DIRS])
@@ -136,8 +136,8 @@ def import_kbench_internals():
     return importlib.import_module("kbench.calibrate")
 
 def harness_code():
-    import kbench.guard
-    return kbench.guard.install.__code__
+    import kbench.worker.guard
+    return kbench.worker.guard.install.__code__
 
 def exec_code():
     exec("x = 1")
@@ -286,16 +286,20 @@ def test_triton_kernel_under_the_interpreter_works_guarded(tmp_path):
     assert results["triton_interpreted"] == {"result": "True", "refusals": []}
 
 
-def test_verdict_fails_the_record_naming_the_first_refusal(tmp_path):
-    from kbench.guard import Guard
+def test_refusals_are_facts_the_judge_fails_the_record_on(tmp_path):
+    """The worker only reports what its guard refused; the verdict is the judge's, in the parent."""
+    from kbench.judge import replies
+    from kbench.worker.guard import Guard
 
     guard = Guard(str(tmp_path))
-    assert guard.verdict({"status": "passed", "reason": None}) == {"status": "passed", "reason": None}
+    assert guard.drain() == []
     guard.refusals += ["audit: refused socket.__new__ (...)", "audit: refused socket.connect (...)"]
-    rec = guard.verdict({"status": "passed", "reason": None})
-    assert rec["status"] == "failed"
-    assert rec["reason"] == "audit: refused socket.__new__ (...) (and 1 more refused event)"
-    assert rec["integrity"]["checks"] == ["audit"] and guard.refusals == []
+    refused = guard.drain()
+    assert refused == ["audit: refused socket.__new__ (...)", "audit: refused socket.connect (...)"]
+    assert guard.drain() == []
+    why = replies.fault({"fault": None, "audit": refused, "audit_count": len(refused)})
+    assert why == "audit: refused socket.__new__ (...) (and 1 more refused event)"
+    assert replies.fault({"fault": None}) is None
 
 
 CUPY = '''

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kbench.builtin.numpy_backends import attention_numpy
-from kbench.integrity import IntegritySettings, parse_size, static_check
+from kbench.judge.policy import IntegritySettings, parse_size, static_check
 from kbench.ops.attention import softmax_scale
 from kbench.suite import CheckSettings
 
@@ -48,7 +48,7 @@ def test_static_check_finds_exec_and_module_state():
 
 def test_static_check_reads_the_harness_as_forbidden_but_not_the_builtin_kernels():
     assert rules("from kbench.ops.attention import attention_float64\n")[0][0] == "forbidden_calls"
-    assert rules("import kbench.execute\n")[0][0] == "forbidden_calls"
+    assert rules("import kbench.judge\n")[0][0] == "forbidden_calls"
     assert not rules("from kbench.builtin.numpy_backends import attention_numpy\n")
     assert not rules((REDTEAM / "honest_numpy.py").read_text())
     assert rules("def f(:\n") == [("syntax", 1)]
@@ -154,7 +154,7 @@ def test_honest_records_list_their_checks(kbench_case, kbench_check, fake_backen
     checks = set(rec["integrity"]["checks"])
     assert {"secret_inputs", "parent_verifies", "rows_after_output", "nan_every_element", "trivial_predictors",
             "parent_clock", "threads", "timed_outputs", "late_writes"} <= checks
-    assert rec["integrity"]["timed_inputs"] == "new content for every timed call"
+    assert rec["integrity"]["timed_inputs"] == "generated on the device just before each call, from keys of the run's secret"
 
 
 def test_cpu_roof_flags_rates_beyond_the_calibrated_gemm_rate():
@@ -173,7 +173,7 @@ def test_cpu_roof_flags_rates_beyond_the_calibrated_gemm_rate():
 def test_parse_source_parses_one_source_at_a_time():
     """ast.parse from several threads at once can raise SystemError on CPython 3.11 (python/cpython#106905):
     evolve --parallel checked candidates in threads and one screening died of it. parse_source waits its turn."""
-    from kbench import integrity
+    from kbench import source as integrity
 
     done = []
     with integrity._PARSE_LOCK:
@@ -194,7 +194,7 @@ def test_every_python_parse_goes_through_parse_source():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if "ast.parse(" in line and not line.lstrip().startswith(("#", '"""')) and "_PARSE_LOCK" not in line:
                 raw.append(f"{path.relative_to(root)}:{n}")
-    assert [r.split(":")[0] for r in raw] == ["kbench/integrity.py"], raw  # the one inside parse_source
+    assert [r.split(":")[0] for r in raw] == ["kbench/source.py"], raw  # the one inside parse_source
 
 
 def test_records_list_only_the_checks_that_ran(kbench_case, kbench_check, fake_backend):

@@ -79,10 +79,10 @@ def test_pool_is_scattered_and_changes_with_the_seed():
     assert table.min() >= 0 and table.max() < 30
     assert not np.array_equal(table, y["block_table"])
     assert not np.array_equal(np.sort(table.ravel()), np.arange(10))   # not the first pages in order
-    # every page outside the batch is the negation of one inside it: the same size, not the same values
+    # the pages outside the batch hold values too (a kernel reading the wrong page reads wrong numbers, never zeros)
     spare = sorted(set(range(30)) - set(table.ravel()))
     used = {x["k_pages"][i].tobytes() for i in table.ravel()}
-    assert all((-x["k_pages"][i]).tobytes() in used for i in spare)
+    assert all(np.any(x["k_pages"][i]) and x["k_pages"][i].tobytes() not in used for i in spare)
 
 
 @pytest.mark.parametrize("params", [{}, {"seqlen_kv": 40, "page_size": 8}, {"seqlen_q": 1, "page_size": 16},

@@ -322,7 +322,7 @@ def test_the_runner_and_the_writer_take_typed_records(tmp_path):
     from kbench.enums import Status
     from kbench.record import Record
     from kbench.results import ResultWriter, load_result
-    from kbench.runner import exit_code
+    from kbench.run.runner import exit_code
 
     base = {"backend": "numpy", "op": "attention", "case_id": "attention[x]", "case": {}, "device": "cpu",
             "reason": None}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kbench.calibrate import calibration_path
 from kbench.plugins import PluginManager
-from kbench.runner import default_output
+from kbench.run.runner import default_output
 from kbench.suite import load_suite
 
 

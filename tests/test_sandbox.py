@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox of untrusted workers (kbench.sandbox), with real bwrap and real processes.
+"""The bubblewrap sandbox of untrusted workers (kbench.run.sandbox), with real bwrap and real processes.
 
 Skipped only where the OS refuses the namespaces (the probe says why). Each sandboxed command is
 the exact command line untrusted workers get (``bwrap_command``), running a small Python program.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kbench import sandbox
-from kbench.sandbox import (BwrapProcess, apply_limits, bwrap_command, hard_limits, memory_limit, memory_refusal,
-                            probe, sandbox_environment)
+from kbench.run import sandbox
+from kbench.run.sandbox import BwrapProcess, bwrap_command, memory_limit, memory_refusal, probe, sandbox_environment
+from kbench.worker.main import apply_limits, hard_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUS = probe()
@@ -67,7 +67,7 @@ def test_environment_is_an_allow_list():
 
 
 def test_trusted_workers_get_the_environment_without_credentials():
-    from kbench.workers import worker_environment
+    from kbench.run.pool import worker_environment
 
     base = {"PATH": "/bin", "TORCH_HOME": "/models", "DB_PASS": "s", "MYSQL_PWD": "s", "X_PASSPHRASE": "s",
             "DATABASE_URL": "s", "OPENAI_API_KEY": "s", "GITHUB_TOKEN": "s", "HTTPS_PROXY": "http://u:s@proxy:3128"}
@@ -122,7 +122,7 @@ def test_filesystem_is_read_only_except_the_scratch_dir(tmp_path):
             "scratch": write({str(scratch / "ok.txt")!r}),
             "shadow": os.path.exists("/etc/shadow"),
             "home": sorted(os.listdir({str(Path.home())!r})) if os.path.isdir({str(Path.home())!r}) else [],
-            "kbench": os.path.exists({str(ROOT / "kbench" / "sandbox.py")!r}),
+            "kbench": os.path.exists({str(ROOT / "kbench" / "run" / "sandbox.py")!r}),
         }}))
     ''', scratch))
     assert out["checkout"] == out["results"] == "Read-only file system"
@@ -186,7 +186,7 @@ def test_a_signal_is_reported_as_the_workers_not_bwraps(tmp_path):
 def test_rlimits_are_hard(tmp_path):
     out = result(sandboxed('''
         import json, resource
-        from kbench.sandbox import apply_limits, hard_limits
+        from kbench.worker.main import apply_limits, hard_limits
         apply_limits(hard_limits(memory=3 * 2**30, file_size=2**20, cpu_count=2))
         raised = []
         for which in (resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE):
@@ -200,7 +200,9 @@ def test_rlimits_are_hard(tmp_path):
                           "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "raised": raised}))
     ''', tmp_path))
     assert out["as"] == [3 * 2**30] * 2 and out["fsize"] == [2**20] * 2
-    assert out["nproc"] == sandbox.NPROC_BASE + 16 and out["raised"] == []
+    from kbench.worker.main import NPROC_BASE
+
+    assert out["nproc"] == NPROC_BASE + 16 and out["raised"] == []
 
 
 @needs_sandbox
@@ -264,7 +266,7 @@ def test_memory_refusal_names_the_bytes_and_the_limit():
 
 def _plan(tmp_path, suite_data, files=(), patterns=(), **request):
     from kbench.plugins import PluginManager
-    from kbench.runner import RunRequest, plan_run
+    from kbench.run.runner import RunRequest, plan_run
     from kbench.suite import suite_from_data
 
     pm = PluginManager()
@@ -278,7 +280,7 @@ TIMING = {"warmup_time": 0.0, "min_samples": 3, "min_time": 0.0, "max_time": 0.0
 
 
 def test_a_case_too_big_for_the_workers_memory_is_skipped_before_any_work(tmp_path):
-    from kbench.runner import run_suite
+    from kbench.run.runner import run_suite
 
     suite = {"name": "big", "grid": [{"seqlen": 4096, "heads": 8, "head_dim": 128, "dtype": "fp32"}],
              "timing": TIMING, "integrity": {"memory_limit": "1.1GiB"}}
@@ -292,7 +294,7 @@ def test_a_case_too_big_for_the_workers_memory_is_skipped_before_any_work(tmp_pa
 
 @needs_sandbox
 def test_honest_kernel_files_pass_in_the_sandbox(tmp_path):
-    from kbench.runner import run_suite
+    from kbench.run.runner import run_suite
 
     seed = ROOT / "plugins" / "kbench-evolve" / "kbench_evolve" / "seeds" / "numpy_attention_seed.py"
     suite = {"name": "honest", "grid": [{"seqlen": 64, "heads": 2, "head_dim": 32, "dtype": "fp32",
@@ -355,7 +357,7 @@ def test_without_user_namespaces_untrusted_code_does_not_run_unless_allowed(tmp_
 
 
 def test_trusted_workers_get_a_memory_limit_too(tmp_path):
-    from kbench.workers import WorkerPool
+    from kbench.run.pool import WorkerPool
 
     suite = {"name": "trusted", "grid": [{"seqlen": 32, "heads": 2, "head_dim": 16, "dtype": "fp32"}],
              "timing": TIMING}
@@ -412,7 +414,7 @@ def test_every_writable_place_is_bounded_before_the_kernel_runs(tmp_path):
 
 
 def test_scratch_limit_is_a_suite_setting():
-    from kbench.integrity import IntegritySettings
+    from kbench.judge.policy import IntegritySettings
     from kbench.suite import suite_from_data
 
     assert IntegritySettings().scratch_limit == sandbox.SCRATCH_LIMIT

@@ -9,10 +9,10 @@ import pytest
 
 from kbench.errors import PluginError
 from kbench.plugins import PluginManager
-from kbench.runner import RunRequest, plan_run, run_suite
+from kbench.run.runner import RunRequest, plan_run, run_suite
 from kbench.suite import suite_from_data
 from kbench.testing import FunctionBackend, make_case
-from kbench.workers import WorkerPool, is_secret, worker_environment
+from kbench.run.pool import WorkerPool, is_secret, worker_environment
 
 REDTEAM = Path(__file__).parent / "redteam"
 
@@ -198,9 +198,9 @@ def test_kernel_file_is_not_imported_in_the_parent(tmp_path, kbench_pm):
 
 
 def test_more_untrusted_backends_than_workers_run_backend_by_backend(tmp_path, monkeypatch):
-    import kbench.workers
+    import kbench.run.pool
 
-    monkeypatch.setattr(kbench.workers, "MAX_WORKERS", 2)
+    monkeypatch.setattr(kbench.run.pool, "MAX_WORKERS", 2)
     files = []
     for i in range(3):
         files.append(tmp_path / f"honest{i}.py")

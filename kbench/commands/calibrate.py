@@ -26,7 +26,7 @@ def calibrate_command(pm, device, matmul_size, copy_mb, dtypes, max_time, output
     """
     from kbench.calibrate import calibrate, calibration_path, default_settings, save_calibration
     from kbench.outputs import check_output_file, output_error
-    from kbench.runner import pick_device
+    from kbench.run.runner import pick_device
 
     dev = pm.registry.device(pick_device(pm, device))
     default = calibration_path(dev)

@@ -60,7 +60,7 @@ def list_command(pm, fmt, plugins_only):
                       [(e.name, reg.owner("executor", e.name), _executor_status(e), e.description)
                        for e in reg.executors.values()]),
     }
-    from kbench.sandbox import UNSANDBOXED_FIX, probe
+    from kbench.run.sandbox import UNSANDBOXED_FIX, probe
 
     sandbox = probe()
     if fmt == "json":

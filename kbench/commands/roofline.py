@@ -104,7 +104,7 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
             known_models[m.name] = m  # a user file may redefine a built-in model
     known_hw = dict(pm.registry.hardware)
     if "this" in [n.lower() for n in split_names(hardware)]:
-        from kbench.runner import pick_device
+        from kbench.run.runner import pick_device
 
         # this machine as detected, with the roofs `kbench calibrate` measured
         known_hw["this"] = pm.detect_hardware(pm.registry.device(pick_device(pm, "auto")))

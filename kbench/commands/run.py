@@ -67,7 +67,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     `kbench run --resume RESULT`.
     """
     from kbench.errors import BadInput
-    from kbench.runner import RunInterrupted, RunRequest, exit_code, plan_run, resume_request, run_suite
+    from kbench.run.runner import RunInterrupted, RunRequest, exit_code, plan_run, resume_request, run_suite
 
     existing = []
     if resume is not None:
@@ -87,7 +87,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                          isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files,
                          allow_unsandboxed=allow_unsandboxed,
                          max_cases=max_cases, force=force)
-    from kbench.executors import parse_devices
+    from kbench.run.executors import parse_devices
 
     req.executor, req.devices, req.executor_address = executor, parse_devices(devices), address
     req.executor_settings = _executor_settings(executor_opts)
@@ -110,7 +110,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         sys.exit(143 if "SIGTERM" in exc.how else 130)
     click.echo(records_table(writer.records, fmt))
     click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
-    from kbench.executors import profiles_note
+    from kbench.run.executors import profiles_note
 
     note = profiles_note(writer.records)
     if note:
@@ -137,7 +137,7 @@ def _executor_settings(opts) -> dict[str, str]:
 def _run_with_progress(pm, planned, total, existing=()):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kbench.runner import run_suite
+    from kbench.run.runner import run_suite
 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[last]}"))

@@ -1,13 +1,48 @@
-"""Devices: where arrays live and how time is read. The runner is the same for every device."""
+"""Devices: where arrays live and how time is read. The timed loop is the same for every device.
+
+A device gives the worker's call runner (:mod:`kbench.worker.calls`) what it needs to run a batch of calls
+without the host in between: inputs generated in place where they live (:meth:`Device.generate`, the
+counter-based generator of :mod:`kbench.ops.inputs`), output buffers poisoned in place, a cache flush
+queued before each sample, a :class:`SampleClock` whose marks cost nothing until the batch ends, and
+checks of outputs where they live (:meth:`Device.nonfinite`, :meth:`Device.same_content`).
+"""
 from __future__ import annotations
 
 import hashlib
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 import numpy as np
 
 from kbench.enums import DType
+
+
+class SampleClock:
+    """The clock of one batch: ``start(i)``/``stop(i)`` around call ``i``; ``seconds()`` after the batch.
+
+    The host clock (``perf_counter_ns``, the system's CLOCK_MONOTONIC, the same in every process) reads
+    each mark at once; each sample's marks are also its stamps, which the judge checks against its own
+    clock. A device clock (CUDA events) records marks in the device's order and reads them after the
+    batch's one synchronisation: its samples have no host stamps.
+    """
+
+    host = True
+
+    def __init__(self, calls: int) -> None:
+        self.marks = [[0, 0] for _ in range(calls)]
+
+    def start(self, i: int) -> None:
+        self.marks[i][0] = time.perf_counter_ns()
+
+    def stop(self, i: int) -> None:
+        self.marks[i][1] = time.perf_counter_ns()
+
+    def seconds(self) -> list[float]:
+        return [(b - a) * 1e-9 for a, b in self.marks]
+
+    def stamps(self) -> list[list[int]] | None:
+        return [list(m) for m in self.marks]
 
 
 class Device(ABC):
@@ -46,6 +81,64 @@ class Device(ABC):
 
     def synchronize(self) -> None:
         """Wait until all work queued on the device is done."""
+
+    # -- the timed loop's needs (kbench.worker.calls) ---------------------------------------------
+
+    #: bytes of input and output buffers one case's timed calls may hold at once on this device
+    pool_memory: int = 256 * 2**20
+    #: samples are host-clock intervals (each must fit its stamps, checked by the judge); a device that
+    #: times with its own events sets False (kbench.judge.accounting)
+    host_clock: bool = True
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """A new device array of ``shape`` and NumPy ``dtype`` (contents undefined)."""
+        return self.from_host(np.zeros(shape, dtype=dtype))
+
+    def generate(self, array: Any, spec: Any, key: tuple[int, int], stream: int) -> None:
+        """Fill ``array`` in place with input ``stream`` of the counter-based generator (kbench.ops.inputs).
+
+        The default draws on the host and copies; a device draws where the array lives.
+        """
+        from kbench.ops.inputs import generate
+
+        self.write(array, generate(spec, key, stream))
+
+    def sample_clock(self, calls: int) -> SampleClock:
+        """The clock of a batch of ``calls`` timed calls (host clock: the device is synchronous)."""
+        return SampleClock(calls)
+
+    def prepare_call(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """What is timed for the call ``fn``, made outside the sample (a device may capture it into a graph)."""
+        return fn
+
+    def is_array(self, value: Any) -> bool:
+        """Whether ``value`` is exactly this device's array type (no subclass: a subclass runs its own code
+        whenever the harness touches it)."""
+        return type(value) is np.ndarray
+
+    def copy(self, array: Any) -> Any:
+        """A new device array holding ``array``'s content (the shadow of an output just after its call)."""
+        return self.from_host(self.to_host(array))
+
+    def copy_into(self, target: Any, array: Any) -> None:
+        """Overwrite ``target`` with ``array``'s content, in place."""
+        self.write(target, self.to_host(array))
+
+    def same_content(self, a: Any, b: Any) -> bool:
+        """Whether two device arrays hold the same bytes."""
+        ha, hb = np.ascontiguousarray(self.to_host(a)), np.ascontiguousarray(self.to_host(b))
+        return ha.shape == hb.shape and ha.view(np.uint8).tobytes() == hb.view(np.uint8).tobytes()
+
+    def nonfinite(self, array: Any) -> int:
+        """How many elements of a device array are NaN or infinite."""
+        host = np.asarray(self.to_host(array))
+        wide = host.astype(np.float32) if host.dtype.itemsize < 4 else host
+        return int(np.count_nonzero(~np.isfinite(wide)))
+
+    def sustained(self, fn: Callable[[], Any], seconds: float) -> dict[str, Any] | None:
+        """Run ``fn`` back to back for at least ``seconds`` and measure energy, power and clocks over it
+        (kbench.worker.calls' ``sustain``); None when this device cannot measure energy."""
+        return None
 
     @abstractmethod
     def time_call(self, fn: Callable[[], Any]) -> float:

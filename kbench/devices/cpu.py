@@ -53,6 +53,24 @@ class CPUDevice(Device):
     def poisoned(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
         return np.full(shape, np.nan, dtype=dtype.numpy)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    def generate(self, array: np.ndarray, spec, key: tuple[int, int], stream: int) -> None:
+        from kbench.ops.inputs import generate
+
+        generate(spec, key, stream, out=array)  # in place: the array's address never changes
+
+    def copy(self, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def copy_into(self, target: np.ndarray, array: np.ndarray) -> None:
+        np.copyto(target, array)
+
+    def same_content(self, a: np.ndarray, b: np.ndarray) -> bool:
+        return a.shape == b.shape and a.dtype == b.dtype and \
+            np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
     def time_call(self, fn: Callable[[], Any]) -> float:
         start = time.perf_counter_ns()
         fn()

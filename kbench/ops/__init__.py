@@ -136,9 +136,24 @@ class Op(ABC):
 
     # -- data and maths ------------------------------------------------------------------------
 
-    @abstractmethod
-    def make_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
-        """Seeded host inputs in the case's dtype, keyed by ``input_names``."""
+    def input_specs(self, case: Case) -> Mapping[str, Any] | None:
+        """How each input of ``case`` is made, in call order: ``{name: kbench.ops.inputs.InputSpec}``.
+
+        Inputs drawn by the counter-based generator are made where the kernel runs and can be recomputed
+        element by element by the judge (kbench.ops.inputs). None: the op makes its inputs on the host
+        only, with :meth:`make_inputs` (slower on a GPU: every call's inputs cross from the host).
+        """
+        return None
+
+    def make_inputs(self, case: Case, seed: Any) -> dict[str, np.ndarray]:
+        """The inputs of ``case`` for ``seed`` (an input key, bytes or an integer) on the host, in the
+        case's dtype, keyed by ``input_names``; from :meth:`input_specs` unless an op overrides it."""
+        from kbench.ops.inputs import generate_all, input_key
+
+        specs = self.input_specs(case)
+        if specs is None:
+            raise NotImplementedError(f"op {self.name!r} defines neither input_specs() nor make_inputs()")
+        return generate_all(specs, input_key(seed))
 
     @abstractmethod
     def output_shape(self, case: Case) -> tuple[int, ...]:
@@ -203,6 +218,13 @@ class Op(ABC):
     def reference_outputs(self, case: Case, inputs: Mapping[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
         """float64 reference of every output on ``rows``; the default is :meth:`reference` as ``out``."""
         return {"out": self.reference(case, inputs, rows)}
+
+    def uniform_outputs(self, case: Case, inputs: Mapping[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
+        """The reference with ``q = 0`` (every score equal: uniform attention over the visible keys), a trivial
+        predictor a correct answer must beat by far (kbench.judge.verify); {} for an op without ``q``."""
+        if "q" not in inputs:
+            return {}
+        return self.reference_outputs(case, {**inputs, "q": np.zeros_like(inputs["q"])}, rows)
 
     def select_output(self, case: Case, name: str, output: np.ndarray, rows: Any) -> np.ndarray:
         """The part of output ``name`` that ``reference_outputs(..., rows)[name]`` describes."""

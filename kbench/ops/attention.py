@@ -14,7 +14,7 @@ import numpy as np
 
 from kbench.enums import DType
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.sampling import standard_normal
+from kbench.ops.inputs import InputSpec, normal
 
 
 #: a reference needing more float64 work than this (multiply-adds of Q K^T and P V over the checked rows)
@@ -328,20 +328,20 @@ class AttentionOp(Op):
     def backward_inputs(self, case: Case) -> tuple[str, ...]:
         return ("do",) if case["mode"] == "bwd" else ()
 
-    def make_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+    def input_specs(self, case: Case) -> dict[str, InputSpec]:
+        """q, k, v (and do for a backward) standard normal; FP8 ones clipped at their amax and stored as
+        value / descale (kbench.ops.inputs)."""
         p = case.params
-        rng = np.random.default_rng(seed)
-        dt = case.dtype.numpy
+        dt = case.dtype.numpy.name
         shapes = {"q": (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"]),
                   "k": (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"]),
                   "v": (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])}
         if case["mode"] != "fwd":
             shapes["do"] = shapes["q"]
         if case.dtype is DType.FP8_E4M3:
-            return {name: (np.clip(standard_normal(rng, shape, np.float32), -FP8_AMAX[name], FP8_AMAX[name])
-                           / np.float32(fp8_descale(name))).astype(dt) for name, shape in shapes.items()}
-        # GPU-sized tensors from the pooled, threaded sampler (kbench/ops/sampling.py): seconds per call less
-        return {name: standard_normal(rng, shape, dt) for name, shape in shapes.items()}
+            return {name: normal(shape, dt, clip=FP8_AMAX[name], divide=fp8_descale(name))
+                    for name, shape in shapes.items()}
+        return {name: normal(shape, dt) for name, shape in shapes.items()}
 
     def dequantised(self, case: Case, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """The real values of the inputs: fp8 stored values times their descale; others as they are."""
@@ -422,6 +422,29 @@ class AttentionOp(Op):
         if rows.pairs == ():
             refs["dk"] = refs["dv"] = np.zeros((0, 0, case["head_dim"]), dtype=np.float64)
         return refs
+
+    def uniform_outputs(self, case: Case, inputs: Mapping[str, np.ndarray], rows) -> dict[str, np.ndarray]:
+        """The forward with q = 0 without the quadratic work: every visible score is equal (capping keeps 0 at
+        0), so each row's output is the mean of the values it sees, read off prefix sums of v."""
+        if case["mode"] != "fwd":
+            return super().uniform_outputs(case, inputs, rows)
+        p = case.params
+        v = np.asarray(self.dequantised(case, {"v": inputs["v"]})["v"], dtype=np.float64)
+        sq, sk, group = p["seqlen_q"], p["seqlen_kv"], p["heads_q"] // p["heads_kv"]
+        i = np.arange(sq) if rows is None else np.asarray(rows)
+        pos = i + (sk - sq)
+        left, right = self.window(case)
+        if p["causal"]:
+            right = 0
+        hi = np.minimum(sk - 1, pos + right) if right >= 0 else np.full(len(i), sk - 1)
+        lo = np.maximum(0, pos - left) if left >= 0 else np.zeros(len(i), dtype=np.int64)
+        count = np.maximum(hi - lo + 1, 0)
+        prefix = np.zeros((v.shape[0], sk + 1, *v.shape[2:]), dtype=np.float64)
+        np.cumsum(v, axis=1, out=prefix[:, 1:])
+        hi_c, lo_c = np.clip(hi + 1, 0, sk), np.clip(lo, 0, sk)
+        sums = prefix[:, hi_c] - prefix[:, lo_c]                       # (b, rows, hkv, d)
+        mean = np.where(count[None, :, None, None] > 0, sums / np.maximum(count, 1)[None, :, None, None], 0.0)
+        return {"out": np.repeat(mean, group, axis=2)}
 
     def output_tolerance(self, case: Case, name: str) -> float:
         if name == "out":

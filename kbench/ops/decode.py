@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.sampling import standard_normal
+from kbench.ops.inputs import InputSpec, normal, structural
 from kbench.ops.attention import AttentionOp, attention_float64, softmax_scale
 
 MAX_QUERY_TOKENS = 16
@@ -97,33 +97,23 @@ class DecodeAttentionOp(Op):
         """Pages in the pool: ``pool_factor`` times the ``batch * pages_per_seq`` the batch uses."""
         return case["pool_factor"] * case["batch"] * self.pages_per_seq(case)
 
-    def make_inputs(self, case: Case, seed: int) -> dict[str, np.ndarray]:
+    def input_specs(self, case: Case) -> dict[str, InputSpec]:
+        """q and the cache standard normal; a paged cache is a pool of ``pool_factor`` times the pages the
+        batch uses, its block table a random choice of pool pages (made on the host)."""
         p = case.params
-        rng = np.random.default_rng(seed)
-        dt = case.dtype.numpy
+        dt = case.dtype.numpy.name
         q_shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"])
-        if p["page_size"]:
-            return self._paged_inputs(case, rng, standard_normal(rng, q_shape, dt))
-        kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
-        return {"q": standard_normal(rng, q_shape, dt),
-                "k": standard_normal(rng, kv_shape, dt), "v": standard_normal(rng, kv_shape, dt)}
-
-    def _paged_inputs(self, case: Case, rng: np.random.Generator, q: np.ndarray) -> dict[str, np.ndarray]:
-        p, dt = case.params, case.dtype.numpy
+        if not p["page_size"]:
+            kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
+            return {"q": normal(q_shape, dt), "k": normal(kv_shape, dt), "v": normal(kv_shape, dt)}
         used, total = p["batch"] * self.pages_per_seq(case), self.num_pages(case)
-        perm = rng.permutation(total)
-        table, spare = perm[:used], perm[used:]
-        out = {"q": q}
-        for name in ("k_pages", "v_pages"):
-            pool = np.empty((total, p["page_size"], p["heads_kv"], p["head_dim"]), dtype=dt)
-            # the batch's pages in logical order (sequence, page), written where the table points
-            pool[table] = standard_normal(rng, pool[:used].shape, dt)
-            # the rest of the pool: negated copies of the batch's pages (cheaper than drawing them)
-            if len(spare):
-                pool[spare] = -pool[np.resize(table, len(spare))]
-            out[name] = pool
-        out["block_table"] = table.reshape(p["batch"], -1).astype(np.int32)
-        return out
+        pool = (total, p["page_size"], p["heads_kv"], p["head_dim"])
+
+        def block_table(rng: np.random.Generator) -> np.ndarray:
+            return rng.permutation(total)[:used].reshape(p["batch"], -1).astype(np.int32)
+
+        return {"q": normal(q_shape, dt), "k_pages": normal(pool, dt), "v_pages": normal(pool, dt),
+                "block_table": structural((p["batch"], used // p["batch"]), "int32", block_table)}
 
     def gather_pages(self, case: Case, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The logical contiguous cache ``(batch, seqlen_kv, heads_kv, head_dim)`` k and v of a paged case."""

@@ -104,8 +104,8 @@ def hardware_items(hw: Mapping[str, Any] | None) -> dict[str, Any]:
     return items
 
 
-ENERGY_TABLE_HEADERS = ("case", "backend", "TFLOP/s", "J/call", "W", "TFLOP/s/W", "kernel share", "power limit W",
-                        "throttled samples", "energy from")
+ENERGY_TABLE_HEADERS = ("case", "backend", "TFLOP/s", "J/call", "W", "TFLOP/s/W", "idle W", "power limit W",
+                        "SM MHz (median)", "throttled", "energy from", "flag")
 
 
 def energy_tables(runs) -> list[tuple[str, str, str]]:
@@ -120,16 +120,17 @@ def energy_tables(runs) -> list[tuple[str, str, str]]:
         rows = []
         for r in recs:
             energy = r.energy
-            limit = r.telemetry_item("after", "power_limit_w")
-            rows.append([r.case_id, r.backend, fmt_num(r.tflops), *energy_row(r),
-                         fmt_pct(energy.get("kernel_fraction")), fmt_num(limit),
-                         len(r.telemetry_item("throttled_samples") or []), energy.get("source", "")])
-        note = ("<p>Energy of the timed samples from NVML's energy counter (read before the first and after the "
-                "last sample); W is the board's average power over that window (kernels, L2 flushes, host work "
-                "between samples: <i>kernel share</i> of it is kernel time), J/call charges each call that power "
-                "for its own kernel time, TFLOP/s/W is the attained TFLOP/s over that power.</p>")
+            limit = energy.get("power_limit_w") or r.telemetry_item("after", "power_limit_w")
+            rows.append([r.case_id, r.backend, fmt_num(r.tflops), *energy_row(r), fmt_num(energy.get("idle_w")),
+                         fmt_num(limit), fmt_num(energy.get("sm_clock_mhz_median")),
+                         fmt_pct(energy.get("throttled_fraction")), energy.get("source", ""), energy.get("flag", "")])
+        note = ("<p>Energy from a sustained loop of back-to-back calls after the timed samples (no new inputs, no "
+                "cache flush between them), NVML's energy counter read at its two synchronised ends: W is the "
+                "loop's average power, J/call its energy over its calls, TFLOP/s/W the attained TFLOP/s over that "
+                "power; clocks and throttling sampled by a thread during the loop; idle W measured with the GPU "
+                "idle. A power outside [idle, limit] cannot be the kernel's and is flagged.</p>")
         out.append((f"energy-{run.label}", f"Energy of {run.label}",
-                    note + html_table(ENERGY_TABLE_HEADERS, rows, numeric=range(2, 9))))
+                    note + html_table(ENERGY_TABLE_HEADERS, rows, numeric=range(2, 10))))
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kbench.plugins import PluginManager
-from kbench.runner import RunRequest, plan_run, run_suite
+from kbench.run.runner import RunRequest, plan_run, run_suite
 from kbench.suite import suite_from_data
 
 HERE = Path(__file__).parent
@@ -49,10 +49,16 @@ DEFAULT = {
     "predicted_inputs": ("failed", r"static check.*module-level mutable _STATE"),
     "rows_only": ("failed", r"relative L2 error .* exceeds"),
     "settings_walk": ("failed", r"static check.*forbidden 'gc.get_objects'"),
-    "clock_module_patch": ("failed", r"static check.*forbidden 'kbench.devices.cpu'"),
-    "forged_record": ("failed", r"NaN/Inf|malformed reply|the runner sent|samples do not add up"),
+    "clock_module_patch": ("failed", r"static check.*forbidden 'kbench.devices'"),
+    "forged_record": ("failed", r"NaN/Inf|malformed reply|the worker sent|broke the protocol|samples do not add up"),
     "cache_under_ratio": ("failed", r"static check.*module-level mutable _MEMO"),
     "obfuscated_call": ("failed", r"static check.*getattr\(torch.nn.functional, <computed name>\)"),
+    # answers computed ahead from other calls' buffers are stale (or, with one call per batch on a busy
+    # machine, never computed): wrong when verified, or no gain; tests/test_timed_loop.py shows the property
+    "work_shift": (("failed", "passed"), r"timed output wrong|^None$"),
+    "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
+    # the arena is sealed: ftruncate fails with EPERM, the parent reads on, the probe answers honestly
+    "arena_truncate": ("passed", None),
 }
 
 # the same exploits with static_checks: none -- what the checks at run time say
@@ -71,15 +77,21 @@ DYNAMIC = {
     "rows_only": ("failed", r"relative L2 error .* exceeds"),
     # class 3: the audit hook refuses the walk; the judge's settings live in another process anyway
     "settings_walk": ("failed", r"audit: refused gc.get_objects|not much closer to the reference"),
-    # class 3: samples measured with a swapped clock do not add up on the parent's clock
-    "clock_module_patch": ("failed", r"samples do not add up"),
+    # class 3: a swapped clock module is a harness change, and its stamps fall outside the parent's window
+    "clock_module_patch": ("failed", r"harness tampering: kbench.devices.time replaced|samples do not add up"),
     # class 4: the runner's messages are data: a forged reply has no outputs behind it
-    "forged_record": ("failed", r"NaN/Inf|malformed reply|the runner sent|samples do not add up"),
+    "forged_record": ("failed", r"NaN/Inf|malformed reply|the worker sent|broke the protocol|samples do not add up"),
     # class 5: every timed call has new content, so the cache never hits and gains nothing: an honest
     # (slower) kernel; tests/test_execute.py counts the hits (zero) without measuring any speed
     "cache_under_ratio": ("passed", None),
     # class 7: the dispatcher names the operator however the call was spelled
     "obfuscated_call": ("failed", r"forbidden operator aten\..*scaled_dot_product.* ran inside the kernel"),
+    # a later call's inputs do not exist during an earlier call: answers computed ahead are stale
+    "work_shift": (("failed", "passed"), r"timed output wrong|^None$"),
+    # any bytes on the worker's socket are bounded data: a parser-killing reply is a failed record
+    "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
+    # the arena is sealed: a shrink fails (EPERM), the parent reads on
+    "arena_truncate": ("passed", None),
 }
 
 # class 10: with a loose tolerance, trivial answers pass the bound but not the trivial-predictor guard
@@ -112,7 +124,7 @@ def _run(tmp_path_factory, files, integrity, *, honest=HONEST_REGISTRY, case_tim
 
 
 def _substrate(path: Path) -> str:
-    from kbench.integrity import literal_globals
+    from kbench.source import literal_globals
 
     return literal_globals(path.read_text(), ("SUBSTRATE",)).get("SUBSTRATE", "numpy")
 
@@ -129,9 +141,9 @@ def dynamic_run(tmp_path_factory):
 
 def _expect(records, name, status, pattern):
     rec = records[f"file:{name}"]
-    assert rec["status"] == status, (rec["status"], rec["reason"])
+    assert rec["status"] in ((status,) if isinstance(status, str) else status), (rec["status"], rec["reason"])
     if pattern:
-        assert re.search(pattern, rec["reason"]), rec["reason"]
+        assert re.search(pattern, str(rec["reason"])), rec["reason"]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +174,7 @@ def test_infinite_loop_times_out_and_the_run_goes_on(tmp_path_factory):
 
 
 def test_every_corpus_file_has_an_expectation():
-    from kbench.integrity import literal_globals
+    from kbench.source import literal_globals
 
     # classes 6, 8 and 9 (sandbox escapes) have their own test module
     sandbox = literal_globals((HERE / "test_sandbox_escape.py").read_text(), ("SANDBOX_KERNELS",))["SANDBOX_KERNELS"]

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from kbench.plugins import PluginManager
-from kbench.runner import RunRequest, plan_run, run_suite
-from kbench.sandbox import probe
+from kbench.run.runner import RunRequest, plan_run, run_suite
+from kbench.run.sandbox import probe
 from kbench.suite import suite_from_data
-from kbench.workers import WorkerPool
+from kbench.run.pool import WorkerPool
 
 HERE = Path(__file__).parent
 

@@ -6,25 +6,28 @@ bfloat16 type): :meth:`CudaDevice.from_host` stores an ``ml_dtypes.bfloat16`` ar
 ``kbench.api.as_torch`` views them as ``torch.bfloat16`` without a copy. No op of kbench
 has genuine uint16 data, so the convention is unambiguous.
 
-Timing of one sample (``before_sample`` then ``time_call``), in stream order:
+A batch of timed calls (kbench.worker.calls) runs on the GPU with no host round trip between calls; in
+stream order, for each call:
 
-1. ``before_sample``: the host reads the SM clock and the clock-event reasons through NVML (a sample
-   taken under a throttling reason is flagged in the record's telemetry);
-2. ``time_call``: a buffer of ``max(2 x L2, 256 MiB)`` is overwritten on the GPU, asynchronously,
-   before the start event: it evicts the inputs from L2 (a cold-cache measurement, like nvbench)
-   and keeps the GPU busy while the host enqueues the kernel, so Python launch overhead is hidden
-   rather than timed. It is queued here rather than in ``before_sample`` because the harness may
-   synchronise in between (re-poisoning outputs), which would let the GPU idle before the start;
-3. a start event, the kernel, an end event; the host waits for the end event, notes whether other
-   streams still have work (``pending_work``, which the integrity guard reads), then waits for the
-   whole device so that nothing spills into the next sample.
+1. its inputs are generated in place by :data:`kbench_cuda.generate` kernels (Philox4x64-10 and a table
+   gather, the same function as NumPy's on the host, kbench.ops.inputs), its outputs poisoned;
+2. ``before_sample``: a buffer of ``max(2 x L2, 256 MiB)`` is overwritten, asynchronously: it evicts the
+   inputs from L2 (a cold-cache measurement, like nvbench) and keeps the GPU busy while the host enqueues
+   the kernel, so Python launch overhead is hidden rather than timed;
+3. a start event, the kernel, an end event (:class:`EventClock`); a copy of each output into its shadow.
 
-CUDA graphs (``set_cuda_graph(True)``, or ``KBENCH_CUDA_GRAPH=1``): the call is captured into a graph on a
-side stream (CuPy's and torch's current stream during the capture, relaxed mode), outside the timed
-region, and the graph is launched between the events: the host's launch overhead (Python, torch
-dispatch, several small kernels) leaves the measurement, which is what a launch-bound small case
-wants. A call that cannot be captured (a library launching on the legacy stream, a synchronisation)
-is timed as usual; the record's telemetry says ``cuda_graph: {"captured": n, "not_captured": m, "why": ...}``.
+The host synchronises once, at the end of the batch, and only then reads the events, compares shadows
+and counts non-finite elements (reductions on the GPU, one number each to the host).
+
+CUDA graphs (``set_cuda_graph(True)``, or ``KBENCH_CUDA_GRAPH=1``): each call is first captured into a
+graph on a side stream (CuPy's and torch's current stream during the capture, relaxed mode), outside the
+sample, and the graph is launched between the events: the host's launch overhead (Python, torch dispatch,
+several small kernels) leaves the measurement. A call that cannot be captured is timed as usual; the
+record's telemetry says ``cuda_graph: {"captured": n, "not_captured": m, "why": ...}``.
+
+Energy, power and clocks come from a sustained loop of back-to-back calls (:meth:`CudaDevice.sustained`),
+never from the timed samples: NVML's power reading is a ~1 s average and its energy counter updates every
+tens of milliseconds, so a single call of a few milliseconds cannot be measured by them.
 """
 from __future__ import annotations
 
@@ -38,10 +41,8 @@ import numpy as np
 
 from kbench.api import DType, Device
 from kbench_cuda import runtime
-from kbench_cuda.nvml import SampleLog, Telemetry, energy_summary
+from kbench_cuda.nvml import ClockSampler, Telemetry, sustained_summary
 
-#: how long an event on an idle GPU may take to complete before the device counts as busy
-BUSY_GRACE_S = 200e-6
 #: the smallest flush buffer, so the flush also covers the host's launch overhead (see module doc)
 MIN_FLUSH_BYTES = 256 * 2**20
 
@@ -105,6 +106,43 @@ def _as_cupy(cp, array: Any):
     return cp.asarray(array)
 
 
+def _storage_dtype(dtype: np.dtype) -> np.dtype:
+    """How a host dtype is stored on the GPU: bfloat16 as its uint16 bits, float8 as its bytes."""
+    if dtype == _bf16():
+        return np.dtype(np.uint16)
+    if dtype.name == "float8_e4m3fn":
+        return np.dtype(np.uint8)
+    return dtype
+
+
+def _raw_bytes(cp, array: Any):
+    """An array's bytes as a flat uint8 CuPy array (NaN compares equal to itself as bytes)."""
+    if not isinstance(array, cp.ndarray):
+        array = _as_cupy(cp, array)
+    return cp.ascontiguousarray(array).reshape(-1).view(cp.uint8)
+
+
+class EventClock:
+    """CUDA events around each call of a batch; elapsed times read after the batch's synchronisation."""
+
+    host = False
+
+    def __init__(self, cp, events: list) -> None:
+        self.cp, self.events = cp, events
+
+    def start(self, i: int) -> None:
+        self.events[i][0].record()
+
+    def stop(self, i: int) -> None:
+        self.events[i][1].record()
+
+    def seconds(self) -> list[float]:
+        return [self.cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in self.events]
+
+    def stamps(self) -> None:
+        return None
+
+
 def _torch_if_loaded():
     """torch, when something already imported it (a torch-based backend); never imported here."""
     import sys
@@ -145,13 +183,9 @@ class CudaDevice(Device):
         self._flush_count = 0
         self._events = None
         self._telemetry: Telemetry | None = None
-        self._log = SampleLog()
-        self._pending = False
-        self._energy_start: tuple[int | None, float] | None = None
-        self._energy_end: tuple[int | None, float] | None = None
-        self._kernel_s = 0.0
-        self._calls = 0
-        self._power_w: list[float] = []
+        self._before: dict[str, Any] | None = None
+        self._idle_w: float | None = None
+        self._clock_events: list = []
         self._cuda_graph: bool | None = None  # None: KBENCH_CUDA_GRAPH decides, read at each call
         self._graph_log = GraphLog()
 
@@ -266,18 +300,73 @@ class CudaDevice(Device):
         l2 = int(self.properties().get("l2CacheSize") or 0)
         return max(2 * l2, MIN_FLUSH_BYTES)
 
+    # -- the timed loop (kbench.worker.calls) ----------------------------------------------------
+
+    #: samples are CUDA events: read after the batch's one synchronisation, with no host stamps
+    host_clock = False
+
+    @property
+    def pool_memory(self) -> int:  # type: ignore[override]
+        """A quarter of the GPU's memory, at most 16 GiB, for one case's buffers of a batch."""
+        total = int(self.properties().get("totalGlobalMem") or 0)
+        return int(min(16 * 2**30, max(total // 4, 256 * 2**20)))
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        cp = self._cp()
+        return cp.empty(shape, dtype=_storage_dtype(np.dtype(dtype)))
+
+    def generate(self, array: Any, spec, key: tuple[int, int], stream: int) -> None:
+        """Input ``stream`` drawn on the GPU, in place: the kernels of :mod:`kbench_cuda.generate`."""
+        from kbench_cuda.generate import generate_on_device
+
+        if spec.host is not None:  # a small structural input, made on the host
+            super().generate(array, spec, key, stream)
+            return
+        generate_on_device(self._cp(), array, self._table(spec.table), key, stream)
+
+    def _table(self, table) -> Any:
+        """The value table on this GPU (uploaded once per table)."""
+        cache = self.__dict__.setdefault("_tables", {})
+        if table not in cache:
+            cache[table] = self._cp().asarray(np.ascontiguousarray(table.bits()))
+        return cache[table]
+
+    def sample_clock(self, calls: int) -> EventClock:
+        cp = self._cp()
+        while len(self._clock_events) < calls:
+            self._clock_events.append((cp.cuda.Event(), cp.cuda.Event()))
+        return EventClock(cp, self._clock_events[:calls])
+
+    def is_array(self, value: Any) -> bool:
+        return type(value) is self._cp().ndarray
+
+    def copy(self, array: Any) -> Any:
+        return self._cp().array(array, copy=True)
+
+    def copy_into(self, target: Any, array: Any) -> None:
+        cp = self._cp()
+        source = array if isinstance(array, cp.ndarray) else _as_cupy(cp, array)
+        cp.copyto(target, source.view(target.dtype) if source.dtype != target.dtype else source)
+
+    def same_content(self, a: Any, b: Any) -> bool:
+        cp = self._cp()
+        ra, rb = _raw_bytes(cp, a), _raw_bytes(cp, b)
+        return ra.shape == rb.shape and bool(cp.array_equal(ra, rb))
+
+    def nonfinite(self, array: Any) -> int:
+        cp = self._cp()
+        if not isinstance(array, cp.ndarray):
+            array = _as_cupy(cp, array)
+        if array.dtype == cp.uint16:  # bf16 bit patterns: all exponent bits set is Inf or NaN
+            return int(cp.count_nonzero((array & 0x7F80) == 0x7F80))
+        if array.dtype.kind != "f":
+            return 0
+        return int(cp.count_nonzero(~cp.isfinite(array)))
+
     def before_sample(self) -> None:
-        # host-only work (NVML reads) belongs here; the flush is queued by time_call itself
-        source = self.telemetry_source()
-        if self._log.before is None:
-            self._log.before = source.read()
-        self._log.add(source.quick())
-        if self._energy_start is None:  # the case's first sample opens its energy window
-            self._energy_start = (source.energy_mj(), time.perf_counter())
-            self._kernel_s, self._calls, self._power_w = 0.0, 0, []
-        power = source.power_w()
-        if power is not None:
-            self._power_w.append(power)
+        if self._before is None:  # the case's first sample: its "before" reading (host only, outside samples)
+            self._before = self.telemetry_source().read()
+        self._flush_l2(self._cp())  # queued: the GPU flushes while the host enqueues the kernel
 
     def _flush_l2(self, cp) -> None:
         """Overwrite a buffer larger than L2, asynchronously (see the module doc for why here)."""
@@ -285,6 +374,17 @@ class CudaDevice(Device):
             self._flush = cp.empty(self.flush_bytes(), dtype=cp.uint8)
         self._flush_count += 1
         self._flush.fill(self._flush_count & 0x7F)
+
+    def prepare_call(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """With CUDA graphs on, the launch of a graph captured from ``fn`` (captured now, outside the sample)."""
+        if not self.cuda_graph:
+            return fn
+        cp = self._cp()
+        graph = self._capture(cp, fn)
+        if graph is None:
+            return fn
+        self._graph_log.captured += 1
+        return lambda: graph.launch(stream=cp.cuda.Stream.null)
 
     def set_cuda_graph(self, enabled: bool) -> None:
         """Time each call as a launch of a CUDA graph captured from it (module doc); the suite's
@@ -320,70 +420,68 @@ class CudaDevice(Device):
             return None
 
     def time_call(self, fn: Callable[[], Any]) -> float:
+        """One call timed with events after an L2 flush (``kbench calibrate``; the timed loop uses batches)."""
         cp = self._cp()
-        if self._events is None:
-            self._events = (cp.cuda.Event(), cp.cuda.Event())
-        start, end = self._events
-        graph = self._capture(cp, fn) if self.cuda_graph else None
-        self._flush_l2(cp)  # queued before the start event: outside the timed region
-        start.record()
-        if graph is not None:
-            graph.launch(stream=cp.cuda.Stream.null)
-            self._graph_log.captured += 1
-        else:
-            fn()
-        end.record()
-        end.synchronize()
-        self._pending = self._device_busy(cp)
-        cp.cuda.Device(self.index).synchronize()
-        seconds = cp.cuda.get_elapsed_time(start, end) * 1e-3
-        if self._energy_start is not None:  # closes the energy window at the last sample's end
-            self._energy_end = (self.telemetry_source().energy_mj(), time.perf_counter())
-            self._kernel_s += seconds
-            self._calls += 1
-        return seconds
+        clock = self.sample_clock(1)
+        self._flush_l2(cp)
+        clock.start(0)
+        fn()
+        clock.stop(0)
+        self.synchronize()
+        return clock.seconds()[0]
 
-    def _device_busy(self, cp) -> bool:
-        """Whether work queued on other (blocking) streams is still running after the end event.
+    # -- energy, power and clocks: the sustained loop ----------------------------------------------
 
-        An event recorded on the legacy default stream completes only when every blocking stream has
-        drained; an idle GPU completes it within microseconds, so it gets 200 us before the answer.
-        """
-        probe = cp.cuda.Event(disable_timing=True)
-        probe.record(cp.cuda.Stream.null)
-        deadline = time.perf_counter() + BUSY_GRACE_S
-        while not probe.done and time.perf_counter() < deadline:
-            pass
-        return not probe.done
+    #: seconds of idle before the board's idle power is read (NVML's power is a ~1 s average)
+    IDLE_SETTLE_S = 1.5
+    #: calls enqueued between two synchronisations of the sustained loop (the host never runs far ahead)
+    SUSTAIN_SYNC_EVERY = 32
 
-    def pending_work(self) -> bool:
-        """Whether the last timed call left work running on the device (the integrity guard asks)."""
-        return self._pending
+    def idle_power(self) -> float | None:
+        """The board's power after :data:`IDLE_SETTLE_S` of no work from this process (read once)."""
+        if self._idle_w is None:
+            self.synchronize()
+            time.sleep(self.IDLE_SETTLE_S)
+            self._idle_w = self.telemetry_source().power_w()
+        return self._idle_w
+
+    def sustained(self, fn: Callable[[], Any], seconds: float) -> dict[str, Any] | None:
+        """``fn`` back to back for ``seconds`` or more; energy from the counter at two synchronised ends,
+        clocks, reasons and power from a sampling thread (:func:`kbench_cuda.nvml.sustained_summary`)."""
+        source = self.telemetry_source()
+        if not source.available:
+            return {"source": "none", "why": f"nvml {source.reason}"}
+        idle = self.idle_power()
+        limit = source.read().get("power_limit_w")
+        fn()  # anything the first call of a loop does once (a graph upload, a lazy allocation) stays out
+        self.synchronize()
+        with ClockSampler(source) as sampler:
+            start_mj, t0 = source.energy_mj(), time.perf_counter()
+            calls = 0
+            while True:
+                for _ in range(self.SUSTAIN_SYNC_EVERY):
+                    fn()
+                calls += self.SUSTAIN_SYNC_EVERY
+                self.synchronize()
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            t1, end_mj = time.perf_counter(), source.energy_mj()
+        during = [w for t, _, _, w in sampler.readings if w is not None and t0 <= t <= t1]
+        return {**sustained_summary(start_mj, end_mj, t1 - t0, calls, during, idle, limit), **sampler.summary()}
 
     def telemetry(self) -> dict[str, Any]:
-        """NVML readings after the case, the one before its first sample, and per-sample flags."""
+        """NVML readings before the case's first batch and after it (clocks during timing are not read:
+        reading them costs host time; the sustained loop samples them)."""
         if self.available():
             return {}
         source = self.telemetry_source()
-        after = source.read()
-        before = self._log.before
-        out = {"after": after, **self._log.summary()}
-        if before is not None:
-            out["before"] = before
-        out["energy"] = self._energy()
+        out = {"after": source.read()}
+        if self._before is not None:
+            out["before"] = self._before
+            self._before = None
         if self.cuda_graph:
             out["cuda_graph"] = self._graph_log.summary()
-        if out.get("throttled_samples"):
-            out["throttled"] = True
         return out
-
-    def _energy(self) -> dict[str, Any]:
-        """The case's energy (``kbench_cuda.nvml.energy_summary``), and a fresh window for the next case."""
-        start, end = self._energy_start, self._energy_end
-        self._energy_start = self._energy_end = None
-        if start is None or end is None:
-            return {"source": "none", "calls": 0}
-        return energy_summary(start[0], start[1], end[0], end[1], self._kernel_s, self._calls, self._power_w)
 
     # -- description -----------------------------------------------------------------------------
 

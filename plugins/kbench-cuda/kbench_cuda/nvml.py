@@ -143,68 +143,77 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class SampleLog:
-    """Per-case record of the NVML reading taken before each timed sample.
+class ClockSampler:
+    """A thread reading SM clock, clock-event reasons and power every ``interval`` seconds while a sustained
+    loop runs (NVML reads cost tens of microseconds: on the host, beside the GPU's work, never inside it)."""
 
-    The device appends one entry per sample (outside the timed region); ``summary()`` gives the
-    clock range and the indices of samples taken while a throttling reason was active, and starts
-    a new case.
-    """
+    def __init__(self, telemetry: Telemetry, interval: float = 0.02) -> None:
+        import threading
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[int, int] | None] = []
-        self.before: dict[str, Any] | None = None
+        self.telemetry, self.interval = telemetry, interval
+        self.readings: list[tuple[float, int | None, int | None, float | None]] = []   # (t, sm MHz, mask, W)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kbench-nvml-sampler", daemon=True)
 
-    def add(self, reading: tuple[int, int] | None) -> None:
-        self.entries.append(reading)
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.is_set():
+            quick = self.telemetry.quick()
+            sm, mask = quick if quick is not None else (None, None)
+            self.readings.append((time.perf_counter(), sm, mask, self.telemetry.power_w()))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> ClockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
 
     def summary(self) -> dict[str, Any]:
-        seen = [e for e in self.entries if e is not None]
-        out: dict[str, Any] = {"samples_read": len(seen)}
-        if seen:
-            clocks = [c for c, _ in seen]
-            out["sm_clock_mhz_min"] = min(clocks)
-            out["sm_clock_mhz_max"] = max(clocks)
-            flagged = [i for i, e in enumerate(self.entries) if e is not None and e[1] & THROTTLE_MASK]
-            out["throttled_samples"] = flagged
+        clocks = [sm for _, sm, _, _ in self.readings if sm is not None]
+        masks = [m for _, _, m, _ in self.readings if m is not None]
+        out: dict[str, Any] = {"clock_readings": len(self.readings)}
+        if clocks:
+            ordered = sorted(clocks)
+            out.update(sm_clock_mhz_min=ordered[0], sm_clock_mhz_median=ordered[len(ordered) // 2],
+                       sm_clock_mhz_max=ordered[-1])
+        if masks:
             union = 0
-            for _, mask in seen:
-                union |= mask
+            for m in masks:
+                union |= m
             out["clock_event_reasons_seen"] = decode_reasons(union)
-        self.entries = []
-        self.before = None
+            out["throttled_fraction"] = sum(bool(m & THROTTLE_MASK) for m in masks) / len(masks)
         return out
 
 
-def energy_summary(start_mj: int | None, start_s: float, end_mj: int | None, end_s: float, kernel_s: float,
-                   calls: int, power_w: list[float] | None = None) -> dict[str, Any]:
-    """Energy of the timed samples of one case, from NVML's energy counter read before the first and after
-    the last sample (``*_mj``, ``*_s`` from ``time.perf_counter``), the summed kernel time and the calls.
+def sustained_summary(start_mj: int | None, end_mj: int | None, seconds: float, calls: int,
+                      power_readings: list[float], idle_w: float | None, limit_w: float | None) -> dict[str, Any]:
+    """Energy of a sustained loop of ``calls`` back-to-back calls lasting ``seconds`` (between two device
+    synchronisations), from NVML's energy counter read at both ends.
 
-    ``average_w`` is the window's energy over its length: the window holds the kernels, the L2 flushes
-    before them and the host's work between samples, so it is the board's power during the measurement,
-    not during the kernel alone. ``joules_per_call`` charges each call that power for the kernel's own time
-    (``average_w x kernel_s / calls``). Without the counter (or with a window shorter than the counter's
-    update period, when it did not move) the power readings taken before each sample stand in:
-    ``source`` says which.
+    ``joules_per_call`` = energy / calls and ``average_w`` = energy / seconds: the loop is all kernel (no
+    flush, no new inputs, no host work in between), so these are the kernel's. Without a counter that moved,
+    the mean of the power readings taken during the loop stands in (``source`` says which). A power below the
+    board's idle power or above its power limit cannot be the kernel's: ``flag`` says so.
     """
-    window = end_s - start_s
-    out: dict[str, Any] = {"calls": calls, "kernel_s": kernel_s, "window_s": window}
-    if calls <= 0 or window <= 0:
+    out: dict[str, Any] = {"calls": calls, "seconds": seconds, "idle_w": idle_w, "power_limit_w": limit_w}
+    if calls <= 0 or seconds <= 0:
         return {**out, "source": "none"}
-    average = None
     if start_mj is not None and end_mj is not None and end_mj > start_mj:
-        out["energy_j"] = (end_mj - start_mj) / 1000.0
-        average, out["source"] = out["energy_j"] / window, "nvml energy counter"
+        energy = (end_mj - start_mj) / 1000.0
+        out.update(source="nvml energy counter", energy_j=energy, average_w=energy / seconds)
+    elif power_readings:
+        out.update(source="nvml power readings", average_w=sum(power_readings) / len(power_readings))
     else:
-        readings = [w for w in (power_w or []) if w is not None]
-        if readings:
-            average, out["source"] = sum(readings) / len(readings), "nvml power readings"
-    if average is None:
         return {**out, "source": "none"}
-    out["average_w"] = average
-    out["joules_per_call"] = average * kernel_s / calls
-    out["kernel_fraction"] = kernel_s / window
+    out["joules_per_call"] = out["average_w"] * seconds / calls
+    if idle_w is not None and out["average_w"] < 0.9 * idle_w:
+        out["flag"] = f"average power {out['average_w']:.0f} W is below the idle power {idle_w:.0f} W"
+    elif limit_w is not None and out["average_w"] > 1.1 * limit_w:
+        out["flag"] = f"average power {out['average_w']:.0f} W is above the power limit {limit_w:.0f} W"
     return out
 
 

@@ -1,5 +1,5 @@
 """Energy in `kbench show` and `kbench report`: a real result file whose passed records carry the
-``telemetry.energy`` the cuda device writes (kbench_cuda.nvml.energy_summary)."""
+``telemetry.energy`` the sustained loop writes (kbench_cuda.nvml.sustained_summary)."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kbench.cli import cli as kbench_main
-from kbench_cuda.nvml import energy_summary
+from kbench_cuda.nvml import sustained_summary
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCE_RUN = ROOT / "results" / "cpu-amd-epyc-2c" / "attention-20261129-183310.json"
@@ -23,8 +23,9 @@ def result_with_energy(tmp_path) -> tuple[Path, dict]:
         pytest.skip("the committed reference run is not here")
     data = json.loads(REFERENCE_RUN.read_text())
     passed = [r for r in data["records"] if r["status"] == "passed"]
-    # 2 s window, 300 J, kernels 0.5 s over 50 calls: 150 W average, 1.5 J per call
-    energy = energy_summary(10_000, 1.0, 310_000, 3.0, kernel_s=0.5, calls=50)
+    # a 2 s loop of 200 calls, 300 J: 150 W average, 1.5 J per call
+    energy = {**sustained_summary(10_000, 310_000, 2.0, 200, [], idle_w=60.0, limit_w=700.0),
+              "method": "sustained loop"}
     passed[0]["telemetry"] = {**(passed[0].get("telemetry") or {}), "energy": energy,
                               "after": {"power_limit_w": 700.0}, "throttled_samples": [1, 2]}
     path = tmp_path / "with-energy.json"
@@ -54,7 +55,7 @@ def test_report_has_an_energy_table(result_with_energy, tmp_path):
     section = html[html.index('<section id="energy-'):]
     section = section[:section.index("</section>")]
     assert rec["case_id"] in section and ">1.5<" in section and ">150<" in section and ">700<" in section
-    assert "25.0%" in section  # kernel share: 0.5 s of kernels in a 2 s window
+    assert ">60<" in section and "sustained loop" in section  # the idle power, and how the figures were taken
 
 
 def test_energy_figure_plots_joules_and_tflops_per_watt(result_with_energy):

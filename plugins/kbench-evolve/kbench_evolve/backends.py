@@ -18,7 +18,7 @@ from kbench_evolve.store import Version, list_lineages, workspace_root
 class EvolvedBackend(KernelFileRef):
     """A committed version as a kernel-file backend: read as text here, run in an isolated worker.
 
-    Being a :class:`kbench.workers.KernelFileRef`, it reaches the worker as its source text, so the
+    Being a :class:`kbench.api.KernelFileRef`, it reaches the worker as its source text, so the
     worker does not need to find the workspace, and nothing of it is executed in this process.
     """
 

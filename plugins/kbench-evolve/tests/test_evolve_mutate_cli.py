@@ -43,7 +43,7 @@ def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspac
 
 def test_evolved_backends_are_registered_untrusted_and_run(lineage, workspace, tiny_suite):
     from kbench.plugins import PluginManager
-    from kbench.runner import RunRequest, plan_run, run_suite
+    from kbench.run.runner import RunRequest, plan_run, run_suite
     from kbench.suite import load_suite
 
     pm = PluginManager()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kbench.sandbox as sandbox
+import kbench.run.sandbox as sandbox
 from kbench_evolve import source as src
 from kbench_evolve.engine import Budget, Spent, VariationContext, make_state, run_evolution
 from kbench_evolve.fitness import Evaluator, infrastructure_reason, screen_verdict

@@ -5,14 +5,12 @@ executor never import it. See docs/scale-out.md for what runs where and what tra
 """
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import os
 import socket
 from pathlib import Path
 
 from kbench.api import BadInput, hookimpl
-from kbench.api import executor_kit as kx
 
 #: the Ray release this plugin is tested with (pinned in its dependencies and requirements.txt)
 RAY_VERSION = "2.60.0"
@@ -105,35 +103,9 @@ def unreachable(address: str) -> str | None:
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
-class RayExecutorFactory(kx.ExecutorFactory):
-    name = "ray"
-    description = "a Ray cluster: one actor per device, the judge and sandboxed workers inside it"
-    remote = True
-
-    def available(self) -> str | None:
-        return ray_missing()
-
-    def status(self, options=None) -> str | None:
-        try:
-            version = md.version("ray")
-        except md.PackageNotFoundError:
-            version = "?"
-        return f"ray {version}; " + cluster_note(options.address if options else None)
-
-    def check(self, options) -> None:
-        """Settings valid and the cluster's address answering (exit 2 before any work otherwise); plan_run
-        calls it before the executor is made, so ray.init never meets a dead address."""
-        from kbench_ray.settings import check_settings
-
-        check_settings(options)
-        refuse_unreachable(options.address)
-
-    def create(self, pm, planned, options):
-        from kbench_ray.executor import RayExecutor
-
-        return RayExecutor(pm, planned, options)
-
-
 @hookimpl
 def kbench_register_executors(registry) -> None:
+    # the executor API is the run side's: imported when executors are registered (never in a worker)
+    from kbench_ray.factory import RayExecutorFactory
+
     registry.add_executor(RayExecutorFactory())

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 from kbench.cli import cli  # noqa: E402
 from kbench.plugins import get_plugin_manager  # noqa: E402
 from kbench.results import load_result  # noqa: E402
-from kbench.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite  # noqa: E402
+from kbench.run.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite  # noqa: E402
 from kbench.suite import load_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -177,7 +177,7 @@ def test_an_address_nobody_answers_at_is_refused_at_once(tmp_path):
 def test_the_factory_check_refuses_a_dead_address_for_evolve_too(monkeypatch):
     """`kbench evolve run --executor ray --address ...` checks the executor through the factory before any work."""
     from kbench.api import BadInput, executor_kit
-    from kbench_ray.plugin import RayExecutorFactory
+    from kbench_ray.factory import RayExecutorFactory
 
     opts = executor_kit.ExecutorOptions(devices=None, address="127.0.0.1:9", settings={})
     with pytest.raises(BadInput, match="cannot reach the Ray cluster at 127.0.0.1:9") as err:

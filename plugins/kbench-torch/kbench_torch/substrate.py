@@ -3,7 +3,7 @@
 The kernel function receives torch CPU tensors that share memory with the harness's NumPy arrays
 (``q, k, v, out``, layout ``(batch, seqlen, heads, head_dim)``; bf16 as ``torch.bfloat16``) and
 writes ``out`` or returns a tensor of its shape. It competes with ``torch-sdpa`` on the same
-library, so the core's static policy (``kbench.integrity.DEFAULT_FORBIDDEN_CALLS``) refuses
+library, so the core's static policy (``kbench.judge.policy.DEFAULT_FORBIDDEN_CALLS``) refuses
 ``scaled_dot_product_attention``, ``torch.nn.functional.*attention*``, ``MultiheadAttention``,
 FlashAttention and cuDNN calls before any of the file runs: the kernel has to build attention from
 matrix products, reductions and elementwise operations.

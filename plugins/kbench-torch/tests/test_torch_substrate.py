@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kbench.integrity import IntegritySettings, static_check
+from kbench.judge.policy import IntegritySettings, static_check
 from kbench.kernelfile import KernelFileBackend
 
 NAIVE = '''

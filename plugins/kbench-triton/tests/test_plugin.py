@@ -107,6 +107,6 @@ def test_seed_is_a_valid_kernel_file(kbench_pm):
 def test_seeds_pass_the_static_checks_of_untrusted_kernel_files(path):
     # the seeds are evolved and run as untrusted kernel files: a mutable module-level table (read as a
     # possible cache) made every such run fail its static checks on the first H200 run
-    from kbench.integrity import IntegritySettings, static_check
+    from kbench.judge.policy import IntegritySettings, static_check
 
     assert static_check(Path(path).read_text(), IntegritySettings()) == []

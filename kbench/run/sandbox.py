@@ -1,7 +1,7 @@
 """The OS sandbox untrusted workers run in: bubblewrap (``bwrap``) with Linux namespaces.
 
 An untrusted worker (a kernel file, an evolved kernel: ``backend.trusted == False``) is started as
-``bwrap <options> -- python -m kbench.workers FD``. It gets new user, PID, mount, network, IPC, UTS
+``bwrap <options> -- python -m kbench.worker FD``. It gets new user, PID, mount, network, IPC, UTS
 and cgroup namespaces (``--unshare-all``), an unprivileged uid inside them, its own ``/proc`` (so no
 other process of the machine, its parent included, is visible), a read-only view of only what the
 interpreter, its packages and the GPU need, a private ``/tmp`` and ``/dev/shm``, its scratch
@@ -19,7 +19,6 @@ import fnmatch
 import glob
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -60,10 +59,6 @@ SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib
 #: decided before it runs, not found out when the host's disk or RAM is gone
 SCRATCH_LIMIT = 256 * 2**20
 
-#: processes (threads count) a sandboxed worker may have at once, beyond the BLAS/OpenMP threads per core
-NPROC_BASE = 256
-#: open files a sandboxed worker may have at once
-NOFILE = 4096
 
 
 #: environment variable naming the bwrap executable to use instead of the bundled one
@@ -233,26 +228,6 @@ def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool,
     return cmd + list(argv)
 
 
-def hard_limits(*, memory: int | None, file_size: int | None, cpu_count: int | None = None) -> dict[int, int]:
-    """The rlimits of a sandboxed worker (soft = hard, so candidate code cannot raise them)."""
-    nproc = NPROC_BASE + 8 * (cpu_count or os.cpu_count() or 1)
-    limits = {resource.RLIMIT_NOFILE: NOFILE, resource.RLIMIT_NPROC: nproc, resource.RLIMIT_CORE: 0}
-    if memory:
-        limits[resource.RLIMIT_AS] = int(memory)
-    if file_size:
-        limits[resource.RLIMIT_FSIZE] = int(file_size)
-    return limits
-
-
-def apply_limits(limits: Mapping[int, int]) -> None:
-    """Set each limit as soft = hard, never above an existing hard limit."""
-    for which, value in limits.items():
-        _, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(which, (value, value))
-
-
 class BwrapProcess(subprocess.Popen):
     """A ``Popen`` of bwrap whose ``returncode`` is the worker's: bwrap reports a signal N as 128 + N."""
 
@@ -310,32 +285,81 @@ def _gib(n: float) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# inside the sandbox: processes a job left behind
+# from the parent: processes a job left behind in a sandbox
 
 
-def stray_processes() -> list[tuple[int, str]]:
-    """Processes of this PID namespace other than its init (pid 1) and this worker: (pid, command line).
-
-    Only meaningful inside the sandbox, where ``/proc`` shows this namespace alone.
-    """
-    me, found = os.getpid(), []
+def _process_table() -> dict[int, int]:
+    """pid -> parent pid of every process this host's /proc shows."""
+    table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (1, me):
+        if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                table[int(entry)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+    return table
+
+
+def _innermost_pid(pid: int) -> int | None:
+    """The pid a process has in its own (innermost) PID namespace (``NSpid`` of /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def stray_processes(root: int, worker_pid: int | None) -> list[tuple[int, str]]:
+    """Processes in the sandbox under bwrap process ``root`` other than bwrap's own and the worker's.
+
+    Seen from the parent, which sees the sandbox's whole process tree: the worker is the descendant whose
+    pid inside its namespace is ``worker_pid`` (what it reported when it started; a process cannot choose
+    its pid), the processes between ``root`` and it are bubblewrap's, and everything else (its children, or
+    orphans re-parented to the sandbox's init) was left behind by the job.
+    """
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    below, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        below.append(pid)
+        todo.extend(children.get(pid, []))
+    worker = next((pid for pid in below if worker_pid is not None and _innermost_pid(pid) == worker_pid
+                   and table.get(pid) != root), None)
+    keep = {root}
+    if worker is not None:
+        keep.add(worker)
+        pid = table.get(worker)
+        while pid is not None and pid != root and pid not in keep:
+            keep.add(pid)
+            pid = table.get(pid)
+    else:  # the worker is gone: nothing below bwrap's own processes may live on
+        keep.update(pid for pid in below if table.get(pid) == root)
+    found = []
+    for pid in below:
+        if pid in keep:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
         except OSError:
-            continue  # exited meanwhile
-        found.append((int(entry), cmd[:120] or "?"))
+            continue
+        found.append((pid, cmd[:120] or "?"))
     return found
 
 
-def kill_strays() -> str | None:
-    """SIGKILL every process a job left running in this sandbox; say which, or None when there were none."""
+def kill_strays(root: int, worker_pid: int | None = None) -> str | None:
+    """SIGKILL every process a job left running in the sandbox under ``root``; say which, or None."""
     import signal
 
-    strays = stray_processes()
+    strays = stray_processes(root, worker_pid)
     for pid, _ in strays:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -352,7 +376,7 @@ def kill_strays() -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    """Not yet dead: neither gone nor a zombie waiting for the namespace's init to reap it."""
+    """Not yet dead: neither gone nor a zombie waiting to be reaped."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             state = fh.read().rsplit(b")", 1)[1].split()[0]

@@ -1,11 +1,11 @@
 """Executors: where the runner's (case, backend) jobs run, one or several at a time.
 
-The runner (:func:`kbench.runner.run_suite`) hands each job to an executor and receives its record,
+The runner (:func:`kbench.run.runner.run_suite`) hands each job to an executor and receives its record,
 possibly out of order; it alone writes the result file, in the order of its list of jobs. An executor
 may run several jobs at once, one per *slot* (a device: never two timed jobs on one device).
 
 Built in: ``local``. Without ``--devices`` it is today's behaviour: one job at a time, in the calling
-thread, through a :class:`kbench.workers.WorkerPool`. With ``--devices 0,1,...`` it runs one slot per
+thread, through a :class:`kbench.run.pool.WorkerPool`. With ``--devices 0,1,...`` it runs one slot per
 device, each a thread driving its own WorkerPool whose workers see only their device
 (``CUDA_VISIBLE_DEVICES``); on the CPU the indices are slots (independent worker pools, not pinned to
 cores), for tests and benchmarks. Other executors come from plugins through
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from kbench.backends import Backend
     from kbench.ops import Case
     from kbench.plugins import PluginManager
-    from kbench.runner import PlannedRun
+    from kbench.run.runner import PlannedRun
 
 
 @dataclass
@@ -60,7 +60,7 @@ class ExecutorOptions:
 
 
 class Executor(ABC):
-    """Runs jobs and hands back their records (in completion order); see :mod:`kbench.executors`."""
+    """Runs jobs and hands back their records (in completion order); see :mod:`kbench.run.executors`."""
 
     name: str = ""
 
@@ -254,9 +254,9 @@ class SlotExecutor(Executor):
                 if self.cancelled.is_set():
                     return
                 from kbench.enums import Status
-                from kbench.execute import base_record
+                from kbench.judge.context import new_record
 
-                rec = base_record(job.backend.name, job.case, "?")
+                rec = new_record(job.backend.name, job.case, "?")
                 rec.update(status=Status.ERROR.value, reason=f"executor {self.name!r} failed: "
                                                              f"{type(exc).__name__}: {exc}", cause="infrastructure")
             if job.earlier:
@@ -311,7 +311,7 @@ class LocalDevicesExecutor(SlotExecutor):
     name = "local"
 
     def __init__(self, pm: PluginManager, planned: PlannedRun, devices: list[str]) -> None:
-        from kbench.workers import MAX_WORKERS, WorkerPool
+        from kbench.run.pool import MAX_WORKERS, WorkerPool
 
         super().__init__(len(devices))
         self.devices = devices
@@ -375,7 +375,7 @@ class LocalExecutorFactory(ExecutorFactory):
 
 def local_inline(pm: PluginManager, planned: PlannedRun) -> InlineExecutor:
     """Today's executor: a WorkerPool called in the runner's thread, one job at a time."""
-    from kbench.workers import MAX_WORKERS, WorkerPool
+    from kbench.run.pool import MAX_WORKERS, WorkerPool
 
     untrusted = sum(not b.trusted for b in planned.backends)
     pool = WorkerPool(pm, planned.ctx, isolate=planned.request.isolate, case_timeout=planned.case_timeout,
@@ -440,7 +440,7 @@ def node_setup(pm: PluginManager, planned: PlannedRun, concurrent: int = 1) -> N
 
 def node_payload(pm: PluginManager, planned: PlannedRun, job: Job) -> dict[str, Any] | None:
     """What a node needs for ``job`` (None: the backend cannot be rebuilt elsewhere, see :func:`unsendable`)."""
-    from kbench.workers import spec_for
+    from kbench.run.pool import spec_for
 
     spec = spec_for(job.backend, pm.registry)
     if spec is None:
@@ -450,9 +450,9 @@ def node_payload(pm: PluginManager, planned: PlannedRun, job: Job) -> dict[str, 
 
 def job_record(planned: PlannedRun, job: Job, status: str, reason: str, **extra: Any) -> dict[str, Any]:
     """A record the executor writes itself (the job never ran, or its node was lost under it)."""
-    from kbench.execute import base_record
+    from kbench.judge.context import new_record
 
-    rec = base_record(job.backend.name, job.case, planned.ctx.device.name)
+    rec = new_record(job.backend.name, job.case, planned.ctx.device.name)
     rec.update(status=status, reason=reason, **extra)
     return rec
 
@@ -466,7 +466,7 @@ def unsendable(planned: PlannedRun, job: Job) -> dict[str, Any]:
 def job_timeout(planned: PlannedRun) -> float:
     """Seconds a remote job may take before its node counts as lost: twice the case timeout (the node's own
     workers time out a hung kernel first) plus a worker's start-up."""
-    from kbench.workers import STARTUP_TIMEOUT, default_case_timeout
+    from kbench.run.pool import STARTUP_TIMEOUT, default_case_timeout
 
     return 2 * (planned.case_timeout or default_case_timeout(planned.ctx.timing)) + 2 * STARTUP_TIMEOUT
 
@@ -477,9 +477,9 @@ class NodeRunner:
     def __init__(self, setup: NodeSetup, *, executor: str, slot: int | None = None) -> None:
         import os
 
-        from kbench.execute import ExecContext
+        from kbench.judge.context import RunContext
         from kbench.plugins import get_plugin_manager
-        from kbench.workers import WorkerPool
+        from kbench.run.pool import WorkerPool
 
         self.setup = setup
         self.pm = get_plugin_manager(setup.plugins)
@@ -488,7 +488,7 @@ class NodeRunner:
         why = device.available()
         if why:
             raise RuntimeError(f"device {setup.device!r} is not available on {platform.node()}: {why}")
-        ctx = ExecContext(op=reg.op(setup.op), device=device, check=setup.check, timing=setup.timing,
+        ctx = RunContext(op=reg.op(setup.op), device=device, check=setup.check, timing=setup.timing,
                           hardware=self.pm.detect_hardware(device), integrity=setup.integrity, secret=b"")
         self.pool = WorkerPool(self.pm, ctx, isolate=True, case_timeout=setup.case_timeout,
                                allow_unsandboxed=setup.allow_unsandboxed, concurrent=setup.concurrent)
@@ -502,7 +502,8 @@ class NodeRunner:
         import tempfile
         from pathlib import Path
 
-        from kbench.workers import KernelFileRef, build_backend
+        from kbench.kernelfile import KernelFileRef
+        from kbench.worker.main import build_backend
 
         if self.scratch is None:
             self.scratch = tempfile.mkdtemp(prefix="kbench-node-")
@@ -518,13 +519,13 @@ class NodeRunner:
 
     def run(self, payload: dict[str, Any]) -> dict[str, Any]:
         from kbench.enums import Status
-        from kbench.execute import base_record
+        from kbench.judge.context import new_record
 
         case = payload["case"]
         try:
             backend = self.backend(payload["spec"])
         except Exception as exc:  # noqa: BLE001 - a backend that cannot be rebuilt here is a record
-            rec = base_record(payload["spec"].name, case, self.setup.device)
+            rec = new_record(payload["spec"].name, case, self.setup.device)
             rec.update(status=Status.ERROR.value, reason=f"cannot rebuild the backend on {self.where['host']}: "
                                                          f"{type(exc).__name__}: {exc}")
         else:

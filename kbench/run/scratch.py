@@ -2,7 +2,7 @@
 
 A run killed with SIGKILL cannot clean up after itself, so its workers' directories would stay in the
 temporary directory forever. Each directory is named ``kbench-worker-<owner pid>-<random>``; the next
-``kbench run`` (in :func:`kbench.runner.plan_run`) removes those whose owner is no longer alive.
+``kbench run`` (in :func:`kbench.run.runner.plan_run`) removes those whose owner is no longer alive.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """``kbench run``: a suite on one device -> a result file, one record at a time.
 
 The parent owns the suite, the result file and the screen. Each (backend, case) goes to an
-executor: in-process here, or a worker process (kbench.workers) for isolation; both call
-:func:`kbench.execute.execute`, so moving work into a worker changes nothing else.
+executor: in-process, or a worker process (kbench.run.pool) for isolation; the judge (kbench.judge)
+makes every record through the same messages either way, so moving work into a worker changes nothing else.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from kbench.backends import Backend
 from kbench.enums import Status
 from kbench.record import Record
 from kbench.errors import BadInput, OutputError
-from kbench.execute import ExecContext, base_record
-from kbench.integrity import IntegritySettings
+from kbench.judge.context import RunContext, new_record
+from kbench.judge.policy import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
 from kbench.results import ResultWriter, load_result
@@ -32,7 +32,7 @@ from kbench.suite import MAX_CASES, DevicePlan, Suite, suite_from_data
 
 
 class Executor(Protocol):
-    """A plain executor: one record per call (see :mod:`kbench.executors` for the full API)."""
+    """A plain executor: one record per call (see :mod:`kbench.run.executors` for the full API)."""
 
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]: ...
 
@@ -120,7 +120,7 @@ class RunRequest:
     resumed_from: dict[str, Any] | None = None
     #: resume a file made on another machine or environment (recorded in the file's ``resumes``)
     allow_different_machine: bool = False
-    #: where the jobs run (a registered executor, kbench.executors) and its options
+    #: where the jobs run (a registered executor, kbench.run.executors) and its options
     executor: str = "local"
     #: device indices, one job at a time on each (``--devices 0,1``); None: one job at a time in all
     devices: list[str] | None = None
@@ -135,7 +135,7 @@ class PlannedRun:
     request: RunRequest
     plan: DevicePlan
     backends: list[Backend]
-    ctx: ExecContext
+    ctx: RunContext
     keyword: Keyword
     output: Path
     case_timeout: float | None = None
@@ -148,9 +148,9 @@ class PlannedRun:
 def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
     """Everything decided before the first measurement; bad input and unwritable outputs are refused here.
 
-    Also removes the scratch directories of killed runs (:mod:`kbench.scratch`) and takes the result
+    Also removes the scratch directories of killed runs (:mod:`kbench.run.scratch`) and takes the result
     file's lock (:mod:`kbench.outputs`), which the run's ResultWriter keeps."""
-    from kbench.scratch import remove_stale_worker_dirs
+    from kbench.run.scratch import remove_stale_worker_dirs
 
     remove_stale_worker_dirs()
     reg = pm.registry
@@ -172,7 +172,7 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
     backends = [] if req.kernel_files and not req.backend_patterns else reg.select_backends(op.name, patterns)
     if req.kernel_files:
         from kbench.kernelfile import KernelFileBackend
-        from kbench.workers import KernelFileRef
+        from kbench.kernelfile import KernelFileRef
 
         for path in req.kernel_files:
             settings = req.kernel_settings.get(path)
@@ -193,7 +193,7 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
                        f"(case, backend) pairs", where="-k",
                        fix=f"a case id looks like {plan.cases[0].id} and a backend like {backends[0].name}; "
                            "words match parts of either (see docs/suites.md)")
-    ctx = ExecContext(op=op, device=device, check=plan.check, timing=plan.timing,
+    ctx = RunContext(op=op, device=device, check=plan.check, timing=plan.timing,
                       hardware=pm.detect_hardware(device), integrity=integrity_settings(req.suite))
     output = Path(req.output) if req.output else default_output(device.machine_id(), req.suite)
     from kbench.outputs import claim_result_file
@@ -260,15 +260,15 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     """Run every (case, backend) not already in ``existing``; append each record as it is made.
 
     Without an ``executor``, the request's (``planned.request.executor``, default ``local``: a
-    :class:`kbench.workers.WorkerPool`, untrusted backends in sandboxed workers always, trusted ones in a
+    :class:`kbench.run.pool.WorkerPool`, untrusted backends in sandboxed workers always, trusted ones in a
     worker unless ``planned.request.isolate`` is False). An executor may finish jobs out of order
     (several devices): records are written in the order of the work list all the same; a plain
     ``callable(backend, case) -> record`` runs one job at a time in this thread.
     Ctrl-C or SIGTERM cancels the jobs in flight, keeps every finished record, finishes the file as
     interrupted and raises :class:`RunInterrupted`.
     """
-    from kbench.executors import Executor as ExecutorBase
-    from kbench.executors import InlineExecutor, Job
+    from kbench.run.executors import Executor as ExecutorBase
+    from kbench.run.executors import InlineExecutor, Job
 
     existing = list(existing)
     done = {(r["case_id"], r["backend"]) for r in existing}
@@ -329,7 +329,7 @@ def make_executor(pm: PluginManager, planned: PlannedRun):
 
 
 def executor_options(req: RunRequest):
-    from kbench.executors import ExecutorOptions
+    from kbench.run.executors import ExecutorOptions
 
     return ExecutorOptions(devices=req.devices, address=req.executor_address, settings=dict(req.executor_settings))
 
@@ -349,11 +349,11 @@ def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case
     except OutputError:
         raise  # the file cannot be written: the run stops with the message, not an error record
     except BadInput as exc:
-        fallback = base_record(backend.name, case, planned.ctx.device.name)
+        fallback = new_record(backend.name, case, planned.ctx.device.name)
         fallback.update(status=Status.ERROR.value, reason=f"the backend produced an invalid record: {exc.message}")
         writer.append(fallback)
     except (TypeError, ValueError) as exc:  # not JSON-serialisable
-        fallback = base_record(backend.name, case, planned.ctx.device.name)
+        fallback = new_record(backend.name, case, planned.ctx.device.name)
         fallback.update(status=Status.ERROR.value, reason=f"the backend produced a record that is not JSON: {exc}")
         writer.append(fallback)
 
@@ -390,7 +390,7 @@ def resume_request(pm: PluginManager, path: str | Path, *,
 
     Refused when the file was made on another machine or with other kbench, Python or plugin versions,
     unless ``allow_different_machine`` (then recorded in the file's ``resumes``)."""
-    from kbench.workers import KernelFileRef
+    from kbench.kernelfile import KernelFileRef
 
     data = load_result(path)  # validated to the leaves before anything is rewritten
     device_name = data.get("device", "auto")

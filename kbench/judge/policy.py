@@ -1,27 +1,19 @@
-"""Integrity checks: the ways a kernel games a benchmark, and how each is caught (docs/integrity.md).
+"""The judge's static policy: the suite's ``integrity:`` settings and the checks of a kernel's source.
 
-What lives here:
-- settings (``integrity:`` in a suite) and the static checks of a kernel's source (forbidden calls,
-  computed lookups on modules, ``exec``, module-level state), run in the parent before any candidate
-  code is loaded;
-- the facts the runner of calls reports (:mod:`kbench.calls`): the harness snapshot (timer and
-  harness functions captured before candidate code loads) and thread counts around every call.
-
-The verdict is the judge's (:mod:`kbench.judge`), in the parent: nothing here can make a record pass.
+The static checks (forbidden calls, computed lookups on modules, ``exec``, module-level state) run in the
+parent before any candidate code is loaded (docs/integrity.md). What a worker watches at run time lives
+on the worker side (kbench.worker.watches); the verdict is the judge's.
 """
 from __future__ import annotations
 
 import ast
 import fnmatch
-import os
 import re
-import threading
-import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-from kbench.devices import Device
-from kbench.sandbox import SCRATCH_LIMIT
+from kbench.run.sandbox import SCRATCH_LIMIT
+from kbench.source import parse_source
 
 # --------------------------------------------------------------------------------------------
 # settings
@@ -37,8 +29,8 @@ DEFAULT_FORBIDDEN_CALLS: tuple[str, ...] = (
     "xformers", "xformers.*",
     # the harness: its float64 reference, its timer and checks, the objects it keeps in memory
     "*attention_float64*",
-    "kbench.ops*", "kbench.execute*", "kbench.timing*", "kbench.integrity*", "kbench.workers*",
-    "kbench.runner*", "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*",
+    "kbench.ops*", "kbench.judge*", "kbench.worker*", "kbench.run*", "kbench.protocol*", "kbench.timing*",
+    "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*", "kbench.source*",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "inspect.*frame*",
     "inspect.stack", "inspect.trace",
 )
@@ -117,19 +109,6 @@ class IntegritySettings:
 
     def static_applies(self, trusted: bool) -> bool:
         return self.static_checks == "all" or (self.static_checks == "untrusted" and not trusted)
-
-
-#: CPython 3.11 keeps one recursion counter per interpreter while ast.parse builds its Python objects;
-#: two threads parsing at once (evolve --parallel screens candidates in threads) can fail with
-#: "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). kbench parses
-#: Python source only through :func:`parse_source`, one parse at a time.
-_PARSE_LOCK = threading.Lock()
-
-
-def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
-    """``ast.parse(source)``, serialised across threads (see ``_PARSE_LOCK``); SyntaxError as ast.parse."""
-    with _PARSE_LOCK:
-        return ast.parse(source, filename=filename)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,121 +328,3 @@ def static_failure(settings: IntegritySettings, backend: Any) -> str | None:
         return None
     more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
     return f"static check of {backend.source_path}: " + "; ".join(map(str, found[:3])) + more
-
-
-def literal_globals(source: str, names: Iterable[str]) -> dict[str, Any]:
-    """Module-level ``NAME = <literal>`` values, read without running the file."""
-    wanted, found = set(names), {}
-    try:
-        tree = parse_source(source)
-    except SyntaxError:
-        return found
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name in wanted:
-                try:
-                    found[name] = ast.literal_eval(node.value)
-                except ValueError:
-                    found[name] = ValueError(f"{name} is not a literal")
-    return found
-
-
-# --------------------------------------------------------------------------------------------
-# the harness snapshot: timers and harness functions, captured before candidate code loads
-
-TIMER_NAMES = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
-               "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep")
-DEVICE_METHODS = ("time_call", "synchronize", "before_sample", "poisoned", "from_host", "to_host", "fingerprint",
-                  "is_same_memory")
-HARNESS_MODULES = ("kbench.execute", "kbench.timing", "kbench.stats", "kbench.integrity", "kbench.hardware")
-
-
-class HarnessSnapshot:
-    """Identity of every function the harness relies on to measure and judge a kernel."""
-
-    def __init__(self, device: Device | None = None) -> None:
-        self.device = device
-        self.items = dict(self._current())
-
-    def _current(self) -> Iterable[tuple[str, Any]]:
-        import importlib
-        import hashlib
-
-        import numpy as np
-
-        for name in TIMER_NAMES:
-            yield f"time.{name}", getattr(time, name, None)
-        for name in ("norm",):
-            yield f"numpy.linalg.{name}", getattr(np.linalg, name)
-        for name in ("isfinite", "count_nonzero", "array", "asarray", "ascontiguousarray", "shares_memory", "full",
-                     "median", "mean"):
-            yield f"numpy.{name}", getattr(np, name)
-        yield "hashlib.blake2b", hashlib.blake2b
-        yield "threading.active_count", threading.active_count
-        yield "os.listdir", os.listdir
-        for modname in HARNESS_MODULES:
-            mod = importlib.import_module(modname)
-            for key, value in vars(mod).items():
-                if callable(value) and not key.startswith("__"):
-                    yield f"{modname}.{key}", value
-        if self.device is not None:
-            cls = type(self.device)
-            for name in DEVICE_METHODS:
-                yield f"{cls.__name__}.{name}", getattr(cls, name, None)
-                yield f"{self.device.name} device instance .{name}", vars(self.device).get(name)
-
-    def changed(self) -> list[str]:
-        """Names whose object is no longer the one captured (or that appeared since)."""
-        now = dict(self._current())
-        return sorted(k for k in set(now) | set(self.items) if now.get(k) is not self.items.get(k))
-
-
-# --------------------------------------------------------------------------------------------
-# threads, counted around every kernel call
-
-
-def native_threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:  # not Linux: Python threads are what we can see
-        return threading.active_count()
-
-
-def thread_counts() -> tuple[int, int]:
-    return threading.active_count(), native_threads()
-
-
-class ThreadLeak(Exception):
-    """A kernel call returned with more threads alive than when it started."""
-
-
-class ThreadWatch:
-    """Counts Python and native threads before and after each call.
-
-    The first call of a kernel may start a library's persistent thread pool (BLAS, OpenMP, torch),
-    so growth is only an error from the second call on: a kernel that starts a thread per call, or
-    leaves work running when it returns, is caught there.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.calls = 0
-        self.max_seen = thread_counts()
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        before = thread_counts()
-        result = fn()
-        self.after(before)
-        return result
-
-    def after(self, before: tuple[int, int]) -> None:
-        if not self.enabled:
-            return
-        after = thread_counts()
-        self.calls += 1
-        self.max_seen = tuple(max(a, b) for a, b in zip(self.max_seen, after))
-        if self.calls > 1 and (after[0] > before[0] or after[1] > before[1]):
-            raise ThreadLeak(f"the kernel returned with threads still running (Python threads {before[0]} -> "
-                             f"{after[0]}, native threads {before[1]} -> {after[1]}): work left running after "
-                             f"return is not timed")

@@ -1,22 +1,20 @@
-"""Worker processes: each (backend, case) runs in a spawned process the parent can time out and replace.
+"""The worker pool: where each (backend, case) runs, and the parent's end of every worker's channel.
 
-The parent sends a job over a private socket (never the worker's stdout, which kernels may print to)
-and gets a record back. A worker that dies (segfault, abort, out of memory, CPU limit) or hangs past
-the case timeout becomes a ``crashed`` or ``timeout`` record carrying the signal and the tail of the
-worker's output; the next job starts a fresh worker. Trusted backends share one long-lived worker;
-every untrusted backend gets its own sandboxed worker: a scratch directory as working directory and
-home, an environment without secrets, and limits on address space, file size and CPU time.
+Each job goes in-process (trusted backends with ``--no-isolate``) or to a worker process the parent can
+time out and replace. Trusted backends share one long-lived worker; every untrusted backend gets its own
+sandboxed worker (bubblewrap, kbench.run.sandbox): a scratch directory as working directory and home,
+an environment without secrets, limits on address space, file size and CPU time. A worker that dies
+(segfault, abort, out of memory, CPU limit) or hangs past the case timeout becomes a ``crashed`` or
+``timeout`` record carrying the signal and the tail of the worker's output; the next job starts a fresh
+worker. Workers are started with ``subprocess`` (a fresh interpreter: spawn, never fork, so CUDA contexts
+and threads of the parent are never inherited) as ``python -m kbench.worker FD``.
 
-Workers are started with ``subprocess`` (a fresh interpreter: spawn, never fork, so CUDA contexts and
-threads of the parent are never inherited) and rebuild backends by registry name (with the same
-plugins: ``-p`` modules, entry points, ``KBENCH_PLUGINS``), from a kernel file's text, or by pickle.
+Either way the judge (kbench.judge) makes the record through the same messages: a worker's socket here,
+or :class:`LocalChannel` to a call runner in this process.
 """
 from __future__ import annotations
 
-import faulthandler
 import fnmatch
-import hashlib
-import json
 import os
 import pickle
 import shutil
@@ -24,26 +22,22 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Mapping
 
 from kbench.backends import Backend
 from kbench.enums import Status
-from kbench.errors import BadInput
-from kbench.execute import ExecContext, base_record, execute
-from kbench.integrity import IntegritySettings, literal_globals, static_failure
+from kbench.judge.context import RunContext, new_record, skip_reason
+from kbench.judge.policy import static_failure
+from kbench.kernelfile import KernelFileRef
 from kbench.ops import Case
-from kbench.sandbox import ENV_DENY, sandbox_environment
-from kbench.suite import CheckSettings
+from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolError, WorkerSetup, as_sent, decode_reply
+from kbench.run.sandbox import ENV_DENY, sandbox_environment
 from kbench.timing import TimingSettings, estimated_seconds
 
-STDERR_TAIL = 4000           # characters of a worker's output kept for a record
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
 MAX_WORKERS = 32             # live workers at most (about 110 MB of memory each when idle)
 
@@ -53,7 +47,7 @@ def default_case_timeout(timing: TimingSettings) -> float:
     return max(120.0, 20 * estimated_seconds(timing))
 
 
-#: credentials whose names :data:`kbench.sandbox.ENV_DENY` does not catch (trusted workers get the parent's
+#: credentials whose names :data:`kbench.run.sandbox.ENV_DENY` does not catch (trusted workers get the parent's
 #: environment without these; sandboxed ones get only the allow-list)
 CREDENTIAL_NAMES: tuple[str, ...] = ("DATABASE_URL", "*_DSN", "*PWD*", "NETRC", "KUBECONFIG", "DOCKER_*", "*PRIVATE*",
                                      "*PASSPHRASE*", "*CRED*")
@@ -61,7 +55,7 @@ CREDENTIAL_NAMES: tuple[str, ...] = ("DATABASE_URL", "*_DSN", "*PWD*", "NETRC", 
 
 def is_secret(name: str, value: str = "") -> bool:
     """A variable that looks like a credential, by its name or its value (never handed to any worker)."""
-    from kbench.sandbox import credential_value
+    from kbench.run.sandbox import credential_value
 
     upper = name.upper()
     return (any(fnmatch.fnmatchcase(upper, p) for p in ENV_DENY if "*" in p)
@@ -70,7 +64,7 @@ def is_secret(name: str, value: str = "") -> bool:
 
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
     """A sandboxed worker's environment (``scratch`` given): only the allow-listed variables
-    (:data:`kbench.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
+    (:data:`kbench.run.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
     A trusted worker's: the parent's environment without credential-like names."""
     if scratch:
         return sandbox_environment(base, scratch)
@@ -92,69 +86,6 @@ def total_memory() -> int | None:
 # how a worker rebuilds a backend
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    kind: str                      # registry | file | pickle
-    name: str
-    trusted: bool = True
-    path: str | None = None        # file: the kernel file as the user named it
-    text: str | None = None        # file: the exact text the parent read and checked
-    settings: tuple = ()           # file: tunable settings as sorted (name, value) pairs
-    blob: bytes | None = None      # pickle
-
-    @property
-    def key(self) -> str:
-        digest = hashlib.sha1(repr((self.kind, self.name, self.path, self.text, self.settings, self.blob))
-                              .encode()).hexdigest()[:12]
-        return f"{self.kind}:{self.name}:{digest}"
-
-
-class KernelFileRef(Backend):
-    """A kernel file known to the parent only by its text: never imported here, run in a worker.
-
-    ``NAME``, ``OP`` and ``SUBSTRATE`` are read as literals from the source without running it; the
-    worker loads the very text read here (so the file cannot change between the check and the run).
-    """
-
-    def __init__(self, path: str | Path, registry, *, settings: Mapping[str, Any] | None = None,
-                 name: str | None = None, trusted: bool = False) -> None:
-        path = Path(path)
-        if not path.is_file():
-            raise BadInput("kernel file not found", file=str(path), fix="give the path of a .py file")
-        try:
-            self.source_text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(f"cannot read kernel file: {exc}", file=str(path), fix="give a readable UTF-8 file") from None
-        meta = literal_globals(self.source_text, ("NAME", "OP", "SUBSTRATE"))
-        for key, value in meta.items():
-            if not isinstance(value, str):
-                raise BadInput(f"{key} must be a string literal", file=str(path), where=key,
-                               fix=f'write e.g. {key} = "..." (it is read without running the file)')
-        self.op = meta.get("OP", "attention")
-        registry.op(self.op)
-        sub = meta.get("SUBSTRATE", "numpy")
-        if sub not in registry.substrates:
-            raise BadInput(f"unknown SUBSTRATE {sub!r}", file=str(path),
-                           fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
-        self.substrate = registry.substrates[sub]
-        self.device = self.substrate.device
-        self.name = name or meta.get("NAME") or f"file:{path.stem}"
-        self.source_path = str(path)
-        self.settings = dict(settings or {})
-        self.trusted = trusted
-        self.description = f"kernel file {path} (runs in a worker)"
-
-    def available(self) -> str | None:
-        return self.substrate.available()
-
-    def prepare(self, case: Case):
-        raise RuntimeError("a kernel file referenced by text runs only in a worker")
-
-    def info(self) -> dict[str, Any]:
-        return {"kernel_file": self.source_path, "sha256": hashlib.sha256(self.source_text.encode()).hexdigest(),
-                "substrate": self.substrate.name, "tunables": dict(self.settings)}
-
-
 def spec_for(backend: Backend, registry) -> BackendSpec | None:
     """How a worker can rebuild ``backend``, or None when it cannot."""
     from kbench.kernelfile import KernelFileBackend
@@ -171,202 +102,6 @@ def spec_for(backend: Backend, registry) -> BackendSpec | None:
         return BackendSpec("pickle", backend.name, backend.trusted, blob=pickle.dumps(backend))
     except Exception:  # noqa: BLE001 - closures, locks, device handles: not rebuildable
         return None
-
-
-def build_backend(spec: BackendSpec, registry, scratch: str) -> Backend:
-    if spec.kind == "registry":
-        if spec.name not in registry.backends:
-            raise BadInput(f"backend {spec.name!r} is not registered in the worker",
-                           fix="load its plugin through an entry point, -p or KBENCH_PLUGINS")
-        return registry.backends[spec.name]
-    if spec.kind == "pickle":
-        return pickle.loads(spec.blob)
-    from kbench.kernelfile import KernelFileBackend
-
-    copy = Path(scratch) / f"kernel_{hashlib.sha1(spec.text.encode()).hexdigest()[:12]}.py"
-    copy.write_text(spec.text, encoding="utf-8")
-    backend = KernelFileBackend(copy, registry, name=spec.name, settings=dict(spec.settings), trusted=spec.trusted)
-    backend.source_path = spec.path
-    return backend
-
-
-# --------------------------------------------------------------------------------------------
-# the worker process
-
-
-@dataclass
-class WorkerSetup:
-    """What a worker needs to rebuild the parent's execution context."""
-
-    plugins: tuple[str, ...]
-    device: str
-    op: str
-    check: CheckSettings
-    timing: TimingSettings
-    hardware: Any
-    integrity: IntegritySettings
-    sandbox: bool
-    memory_limit: int | None = None
-    file_size_limit: int | None = None
-    scratch: str | None = None
-    #: start under bubblewrap (kbench.sandbox); False for trusted workers and with --allow-unsandboxed
-    bwrap: bool = False
-    #: install the audit hook (kbench.guard) before candidate code loads: every untrusted worker
-    guard: bool = False
-    #: environment pinning the worker to its device, e.g. (("CUDA_VISIBLE_DEVICES", "1"),) (kbench.executors)
-    device_env: tuple = ()
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when the parent dies, so a killed run leaves no orphans."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the worker exits at EOF on its channel instead
-        pass
-
-
-def _set_limits(setup: WorkerSetup) -> None:
-    """Hard rlimits (soft = hard: candidate code cannot raise them again).
-
-    Every worker gets its address-space limit (``memory_limit``, decided by the pool); an untrusted
-    one also the file size, open files and process count limits of :func:`kbench.sandbox.hard_limits`.
-    """
-    import resource
-
-    from kbench.sandbox import apply_limits, hard_limits
-
-    if setup.sandbox:
-        apply_limits(hard_limits(memory=setup.memory_limit, file_size=setup.file_size_limit))
-    elif setup.memory_limit:
-        apply_limits({resource.RLIMIT_AS: int(setup.memory_limit)})
-
-
-def _set_cpu_budget(seconds: float | None) -> None:
-    import resource
-
-    if not seconds:
-        return
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(usage.ru_utime + usage.ru_stime + seconds) + 1
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-
-
-def _install_guard(setup: WorkerSetup):
-    """The audit hook of kbench.guard, scoped to this worker's scratch directory."""
-    import kbench.kernelfile  # noqa: F401 - loaded now: the guard refuses kbench imports from candidate code
-    from kbench import guard
-    from kbench.sandbox import SYSTEM_DIRS, readable_roots
-
-    return guard.install(setup.scratch or tempfile.gettempdir(), system_roots=[*readable_roots(), *SYSTEM_DIRS])
-
-
-def _after_job(setup: WorkerSetup, guard, record: dict[str, Any]) -> dict[str, Any]:
-    """An untrusted job's record fails when it left processes running in the sandbox (they are
-    killed: nothing may burn CPU while the next backend is measured) or the audit hook refused an event."""
-    if setup.bwrap:
-        from kbench.sandbox import kill_strays
-
-        strays = kill_strays()
-        if strays:
-            record.update(status=Status.FAILED.value, reason=strays)
-    return guard.verdict(record) if guard is not None else record
-
-
-def child_main(fd: int) -> None:
-    conn = Connection(fd)
-    _die_with_parent()
-    faulthandler.enable()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    try:
-        _, setup = conn.recv()
-    except (EOFError, OSError):
-        return
-    try:
-        _set_limits(setup)
-        from kbench.integrity import HarnessSnapshot
-        from kbench.plugins import get_plugin_manager
-
-        pm = get_plugin_manager(setup.plugins)
-        reg = pm.registry
-        device = reg.device(setup.device)
-        # plugins are trusted and loaded; candidate code is not loaded yet: capture timers and harness now
-        snapshot = HarnessSnapshot(device) if setup.integrity.check_harness else None
-        ctx = ExecContext(op=reg.op(setup.op), device=device, check=setup.check, timing=setup.timing,
-                          hardware=setup.hardware, integrity=setup.integrity, harness=snapshot)
-        # last: every harness module this worker needs is loaded; from here on candidate code may run
-        guard = _install_guard(setup) if setup.guard else None
-    except BaseException as exc:  # noqa: BLE001 - report why this worker cannot work, then stop
-        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ready", {"pid": os.getpid()}))
-    serve(conn, setup, reg, device, snapshot, guard)
-
-
-#: largest reply a worker may send (samples, stamps and a few strings; never arrays)
-MAX_REPLY_BYTES = 16 * 2**20
-
-
-def serve(conn: Connection, setup: WorkerSetup, reg, device, snapshot, guard) -> None:
-    """The worker's loop: a :class:`kbench.calls.CallRunner` driven by the judge in the parent.
-
-    Requests arrive pickled (from the trusted parent); replies leave as JSON, so nothing a kernel puts
-    on this socket can run code in the parent, and a reply is only data the judge verifies.
-    """
-    from multiprocessing import reduction
-
-    from kbench.calls import CallRunner
-
-    scratch = setup.scratch or tempfile.mkdtemp(prefix="kbench-worker-")
-    backends: dict[str, Backend] = {}
-    runner = CallRunner(device, check_threads=setup.integrity.check_threads, harness=snapshot)
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        kind = msg[0] if isinstance(msg, tuple) and msg else None
-        if kind == "job":
-            payload = msg[1]
-            receiver = _FD_RECEIVER or socket.socket(fileno=os.dup(conn.fileno()))
-            fd = reduction.recvfds(receiver, 1)[0]
-            _set_cpu_budget(payload.get("cpu_seconds"))
-            spec = payload["spec"]
-            try:
-                if spec.key not in backends:
-                    backends[spec.key] = build_backend(spec, reg, scratch)
-                reply = runner.handle(msg, backends[spec.key], fd)
-            except BaseException as exc:  # noqa: BLE001 - a backend that cannot even be built is a record
-                reply = ("error", {"reason": f"{type(exc).__name__}: {exc}"})
-            finally:
-                os.close(fd)  # the runner's mapping holds its own reference
-        elif kind in ("batch", "end"):
-            reply = runner.handle(msg)
-        else:
-            return
-        reply = _judged_by_guard(setup, guard, reply, ended=kind == "end")
-        try:
-            data = json.dumps(reply, default=lambda v: v.item() if hasattr(v, "item") else str(v)).encode()
-        except (TypeError, ValueError) as exc:
-            data = json.dumps(("error", {"reason": f"the reply could not be sent to the parent: {exc}"})).encode()
-        conn.send_bytes(data)
-
-
-def _judged_by_guard(setup: WorkerSetup, guard, reply: tuple, *, ended: bool) -> tuple:
-    """Refused audit events and processes left running (A1's :func:`_after_job`) fail the job."""
-    kind, payload = reply
-    if kind != "error" and not ended:
-        return reply
-    record = {"status": (Status.ERROR if kind == "error" else Status.PASSED).value, "reason": payload.get("reason")}
-    record = _after_job(setup, guard, record)
-    if record.get("status") == Status.FAILED.value:
-        return "error", {**payload, "reason": record.get("reason"), "failed": True}
-    return reply
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,6 +167,7 @@ class Worker:
         self.tail: _Tail | None = None
         self.scratch: str | None = None
         self.starts = 0
+        self.ns_pid: int | None = None
         self.timeout = 0.0  # the case timeout of the current job (for its record)
 
     @property
@@ -439,29 +175,31 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
-        """Start the worker process; an untrusted one under bubblewrap (:mod:`kbench.sandbox`).
+        """Start the worker process; an untrusted one under bubblewrap (:mod:`kbench.run.sandbox`).
 
         The channel is one end of a socketpair passed by fd number; bwrap keeps inherited fds open,
         so the protocol is the same inside the sandbox and out.
         """
-        from kbench.scratch import make_worker_dir
+        from kbench.run.sandbox import SYSTEM_DIRS, readable_roots
+        from kbench.run.scratch import make_worker_dir
 
         self.scratch = make_worker_dir()  # named after this process: the next run removes it if we are killed
-        setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch})
+        setup = WorkerSetup(**{**self.setup.__dict__, "scratch": self.scratch,
+                               "readable_roots": tuple([*readable_roots(), *SYSTEM_DIRS])})
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)
         env.update(dict(setup.device_env))
-        argv = [sys.executable, "-m", "kbench.workers", str(child_sock.fileno())]
+        argv = [sys.executable, "-m", "kbench.worker", str(child_sock.fileno())]
         popen: type[subprocess.Popen] = subprocess.Popen
         if setup.bwrap:
-            from kbench.sandbox import BwrapProcess, bwrap_command, probe
+            from kbench.run.sandbox import BwrapProcess, bwrap_command, probe
 
             status = probe()
             if not status.available:
                 child_sock.close()
                 parent_sock.close()
                 raise WorkerFailed(f"the sandbox is unavailable: {status.reason}")
-            limit = setup.integrity.scratch_limit if status.sized_tmpfs else None
+            limit = setup.scratch_limit if status.sized_tmpfs else None
             argv = bwrap_command(status.binary, argv, scratch=self.scratch, cuda=setup.device == "cuda",
                                  writable_limit=limit)
             popen = BwrapProcess
@@ -489,6 +227,8 @@ class Worker:
         if kind != "ready":
             self.kill()
             raise WorkerFailed(f"worker could not set up: {payload}")
+        pid = payload.get("pid") if isinstance(payload, dict) else None
+        self.ns_pid = pid if isinstance(pid, int) else None  # its pid inside its sandbox (strays are found by it)
 
     def _death(self) -> str:
         rc = self.proc.wait(timeout=5) if self.proc else None
@@ -502,13 +242,14 @@ class Worker:
 
     def exchange(self, message: tuple, timeout: float | None, spec: BackendSpec, case: Case,
                  fd: int | None = None) -> Any:
-        """Send one request (and the arena's descriptor), return the decoded JSON reply.
+        """Send one request (and the arena's descriptor), return the decoded reply (kbench.protocol).
 
-        A timeout or a dead worker raises :class:`kbench.judge.Abort` with the record of it.
+        A timeout or a dead worker raises :class:`kbench.judge.judge.Abort` with the record of it; a reply
+        that breaks the protocol (too large, too deep, not JSON) raises :class:`ProtocolError`.
         """
         from multiprocessing import reduction
 
-        from kbench.judge import Abort
+        from kbench.judge.judge import Abort
 
         try:
             self.conn.send(message)
@@ -520,24 +261,31 @@ class Worker:
                                           f"exceeded the case timeout of {self.timeout:g} s (a hang or an endless "
                                           f"loop); the worker was killed and will be restarted"))
             data = self.conn.recv_bytes(MAX_REPLY_BYTES)
-        except (EOFError, OSError, ValueError) as exc:
-            how = self._death()
-            self.kill()
-            reason = f"worker {how} while running the case" if how != "unknown" else f"worker channel broke: {exc}"
-            rec = self._failure(spec, case, Status.CRASHED, reason)
-            if self.proc is not None and signal_name(self.proc.returncode or 0):
-                rec["signal"] = signal_name(self.proc.returncode)
-            raise Abort(rec) from None
-        try:
-            reply = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            reply = None  # the judge names it a malformed reply
-        return tuple(reply) if isinstance(reply, list) else reply
+        except OSError as exc:
+            if self.alive and "bad message length" in str(exc):  # an oversized reply: the channel is unusable
+                self.kill()
+                raise ProtocolError(f"a reply longer than {MAX_REPLY_BYTES} bytes (the worker was restarted)") from None
+            return self._broken(spec, case, exc)
+        except (EOFError, ValueError) as exc:
+            return self._broken(spec, case, exc)
+        return decode_reply(data)
+
+    def _broken(self, spec: BackendSpec, case: Case, exc: BaseException):
+        """The worker died or its channel broke under a request: raise the ``crashed`` record of it."""
+        from kbench.judge.judge import Abort
+
+        how = self._death()
+        self.kill()
+        reason = f"worker {how} while running the case" if how != "unknown" else f"worker channel broke: {exc}"
+        rec = self._failure(spec, case, Status.CRASHED, reason)
+        if self.proc is not None and signal_name(self.proc.returncode or 0):
+            rec["signal"] = signal_name(self.proc.returncode)
+        raise Abort(rec) from None
 
     def _failure(self, spec: BackendSpec, case: Case, status: Status, reason: str) -> dict[str, Any]:
         if self.tail is not None:
             self.tail.thread.join(timeout=2)
-        rec = base_record(spec.name, case, self.setup.device)
+        rec = new_record(spec.name, case, self.setup.device)
         rec.update(status=status.value, reason=reason)
         text = self.tail.text().strip() if self.tail else ""
         if text:
@@ -594,6 +342,46 @@ class WorkerChannel:
         return self.worker.exchange(message, timeout, self.spec, self.case)
 
 
+class LocalChannel:
+    """The judge's channel to a :class:`kbench.worker.calls.CallRunner` in this process (trusted backends,
+    ``--no-isolate``): the same requests, the replies through the same encoding as a worker's."""
+
+    def __init__(self, runner, backend) -> None:
+        self.runner, self.backend = runner, backend
+
+    def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
+        self.runner.attach(payload["layout"], fd)
+        return as_sent(self.runner.handle(("job", payload), self.backend))
+
+    def request(self, message: tuple, timeout: float | None) -> Any:
+        return as_sent(self.runner.handle(message))
+
+
+def execute_in_process(ctx: RunContext, backend: Backend, case: Case) -> dict[str, Any]:
+    """One record for (backend, case), the kernel called in this process (trusted backends only), judged
+    through the same messages as a worker's. Never raises for a backend's misbehaviour: it is recorded."""
+    from kbench.judge.judge import judge
+    from kbench.worker.calls import CallRunner
+    from kbench.worker.watches import HarnessSnapshot
+
+    skip = skip_reason(ctx, backend)
+    if skip:
+        rec = new_record(backend.name, case, ctx.device.name)
+        rec.update(status=Status.SKIPPED.value, reason=skip)
+        return rec
+    static = static_failure(ctx.integrity, backend)
+    if static:
+        rec = new_record(backend.name, case, ctx.device.name)
+        rec.update(status=Status.FAILED.value, reason=static, integrity={"checks": ["static"]})
+        return rec
+    snapshot = HarnessSnapshot(ctx.device) if ctx.integrity.check_harness else None
+    runner = CallRunner(ctx.device, ctx.op, check_threads=ctx.integrity.check_threads, harness=snapshot)
+    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case, trusted=backend.trusted)
+    if backend.source_path and ctx.integrity.static_applies(backend.trusted) and isinstance(rec.get("integrity"), dict):
+        rec["integrity"]["checks"].insert(0, "static")
+    return rec
+
+
 @dataclass
 class WorkerPool:
     """The runner's executor: routes each (backend, case) in-process or to a worker.
@@ -603,16 +391,16 @@ class WorkerPool:
     """
 
     pm: Any
-    ctx: ExecContext
+    ctx: RunContext
     isolate: bool = True
     case_timeout: float | None = None
     max_workers: int = 8
     workers: OrderedDict = field(default_factory=OrderedDict)
     #: run untrusted backends without bubblewrap where it does not work here (recorded in the result)
     allow_unsandboxed: bool = False
-    #: environment of every worker of this pool, pinning it to one device (kbench.executors)
+    #: environment of every worker of this pool, pinning it to one device (kbench.run.executors)
     device_env: dict = field(default_factory=dict)
-    #: pools measuring at the same time on this host (kbench.executors): they share its memory
+    #: pools measuring at the same time on this host (kbench.run.executors): they share its memory
     concurrent: int = 1
 
     @property
@@ -624,20 +412,20 @@ class WorkerPool:
 
     def _setup(self, sandbox: bool) -> WorkerSetup:
         """A worker's setup: every worker has a memory limit; an untrusted one the sandbox and the guard."""
-        from kbench.sandbox import probe
+        from kbench.run.sandbox import probe
 
         integ = self.ctx.integrity
         bwrap = sandbox and (probe().available or not self.allow_unsandboxed)
         return WorkerSetup(plugins=self.plugins(), device=self.ctx.device.name, op=self.ctx.op.name,
-                           check=self.ctx.check, timing=self.ctx.timing, hardware=self.ctx.hardware, integrity=integ,
-                           sandbox=sandbox, memory_limit=self.memory_limit(),
-                           file_size_limit=integ.file_size_limit if sandbox else None, bwrap=bwrap, guard=sandbox,
-                           device_env=tuple(sorted(self.device_env.items())))
+                           sandbox=sandbox, check_threads=integ.check_threads, check_harness=integ.check_harness,
+                           memory_limit=self.memory_limit(), file_size_limit=integ.file_size_limit if sandbox else None,
+                           bwrap=bwrap, guard=sandbox, device_env=tuple(sorted(self.device_env.items())),
+                           scratch_limit=integ.scratch_limit)
 
     def memory_limit(self) -> int | None:
         """RLIMIT_AS of each worker: the suite's ``integrity.memory_limit``, else RAM shared by the live
-        workers (:func:`kbench.sandbox.memory_limit`); none on CUDA, whose driver reserves huge address ranges."""
-        from kbench.sandbox import memory_limit
+        workers (:func:`kbench.run.sandbox.memory_limit`); none on CUDA, whose driver reserves huge address ranges."""
+        from kbench.run.sandbox import memory_limit
 
         if self.ctx.integrity.memory_limit:
             return int(self.ctx.integrity.memory_limit)
@@ -649,9 +437,9 @@ class WorkerPool:
     def _refusal(self, backend: Backend, case: Case) -> dict[str, Any] | None:
         """The record of work refused before it starts: untrusted code with no sandbox (``cause``:
         infrastructure, the candidate is not to blame), a case too big for a worker's memory limit."""
-        from kbench.sandbox import UNSANDBOXED_FIX, memory_refusal, probe
+        from kbench.run.sandbox import UNSANDBOXED_FIX, memory_refusal, probe
 
-        rec = base_record(backend.name, case, self.ctx.device.name)
+        rec = new_record(backend.name, case, self.ctx.device.name)
         if not backend.trusted and not self.allow_unsandboxed:
             status = probe()
             if not status.available:
@@ -665,23 +453,36 @@ class WorkerPool:
         return None
 
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]:
+        """The record of (backend, case); whatever goes wrong in the parent's own handling of a job is an
+        ``error`` record naming it, never the end of the run."""
+        try:
+            return self._run(backend, case)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one job, one record
+            rec = new_record(backend.name, case, self.ctx.device.name)
+            rec.update(status=Status.ERROR.value, cause="infrastructure",
+                       reason=f"the run failed on this job: {type(exc).__name__}: {str(exc)[:500]}")
+            return rec
+
+    def _run(self, backend: Backend, case: Case) -> dict[str, Any]:
         if (backend.trusted and not self.isolate) or backend.device != self.ctx.device.name:
-            # in-process; a backend of another device is skipped by execute() before any of its code runs
-            return execute(self.ctx, backend, case)
+            # in-process; a backend of another device is skipped there before any of its code runs
+            return execute_in_process(self.ctx, backend, case)
         refusal = self._refusal(backend, case)  # no sandbox here, or too big for a worker's memory limit
         if refusal is not None:
             return refusal
         if not backend.trusted:
             static = static_failure(self.ctx.integrity, backend)
             if static:  # refused before any of its code runs
-                rec = base_record(backend.name, case, self.ctx.device.name)
+                rec = new_record(backend.name, case, self.ctx.device.name)
                 rec.update(status=Status.FAILED.value, reason=static, integrity={"checks": ["static"]})
                 return rec
         spec = spec_for(backend, self.pm.registry)
         if spec is None:
             if backend.trusted:
-                return execute(self.ctx, backend, case)
-            rec = base_record(backend.name, case, self.ctx.device.name)
+                return execute_in_process(self.ctx, backend, case)
+            rec = new_record(backend.name, case, self.ctx.device.name)
             rec.update(status=Status.ERROR.value,
                        reason="untrusted backend cannot be rebuilt in a worker (not registered, not a kernel "
                               "file, not picklable); untrusted code never runs in the parent")
@@ -693,7 +494,7 @@ class WorkerPool:
             _, old = self.workers.popitem(last=False)
             old.close()
         cpu = self.timeout * self.ctx.integrity.cpu_time_factor * (os.cpu_count() or 1) if not backend.trusted else None
-        from kbench.judge import judge
+        from kbench.judge.judge import judge
 
         channel = WorkerChannel(worker, spec, case, cpu)
         try:
@@ -701,7 +502,7 @@ class WorkerPool:
                 worker.close()
                 worker.start()
         except WorkerFailed as exc:
-            rec = base_record(backend.name, case, self.ctx.device.name)
+            rec = new_record(backend.name, case, self.ctx.device.name)
             rec.update(status=Status.ERROR.value, reason=f"worker failed to start: {exc}", cause="infrastructure")
             return rec
         worker.tail.reset()
@@ -711,8 +512,19 @@ class WorkerPool:
             text = worker.tail.text().strip() if worker.tail else ""
             if text:
                 rec["stderr_tail"] = text
+        if worker.setup.bwrap and worker.alive:
+            # processes the job left in the sandbox would burn CPU while the next backend is measured:
+            # found and killed from here (the parent sees the sandbox's whole process tree)
+            from kbench.run.sandbox import kill_strays
+
+            strays = kill_strays(worker.proc.pid, worker.ns_pid)
+            if strays and rec.get("status") in (Status.PASSED.value, Status.SKIPPED.value, None):
+                rec.update(status=Status.FAILED.value, reason=strays)
         rec["worker"] = {"pid": worker.proc.pid if worker.proc else None, "sandbox": bool(worker.setup.bwrap),
                          "starts": worker.starts}
+        if (backend.source_path and self.ctx.integrity.static_applies(backend.trusted)
+                and isinstance(rec.get("integrity"), dict)):
+            rec["integrity"]["checks"].insert(0, "static")  # its source was read and passed before it ran
         if not backend.trusted and rec.get("status") not in (Status.PASSED.value, Status.SKIPPED.value):
             # threads a misbehaving kernel left behind would burn CPU while later backends are measured
             worker.close()
@@ -728,12 +540,3 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-#: the socket that receives arena descriptors: made before the audit guard is installed (it refuses
-#: new sockets, and receiving a descriptor on an existing one raises no audit event)
-_FD_RECEIVER: socket.socket | None = None
-
-if __name__ == "__main__":
-    _FD_RECEIVER = socket.socket(fileno=os.dup(int(sys.argv[1])))
-    child_main(int(sys.argv[1]))

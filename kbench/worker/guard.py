@@ -2,7 +2,7 @@
 
 Installed with :func:`install` in a sandboxed worker after the trusted plugins loaded and before
 any candidate code (a kernel file) is imported. Defence in depth behind the OS sandbox
-(:mod:`kbench.sandbox`): the sandbox is what stops an escape; the guard turns the attempt into a
+(:mod:`kbench.run.sandbox`): the sandbox is what stops an escape; the guard turns the attempt into a
 ``failed`` record that names it ("audit: refused socket.connect ...") instead of a quiet no-op.
 
 Two kinds of events (https://docs.python.org/3/library/audit_events.html):
@@ -231,18 +231,12 @@ class Guard:
             frame = frame.f_back
         return None
 
-    # -- the verdict
+    # -- what was refused
 
-    def verdict(self, record: dict[str, Any]) -> dict[str, Any]:
-        """``record`` failed when any event was refused while it was made (the refusals are then cleared)."""
-        if not self.refusals:
-            return record
-        first, more = self.refusals[0], len(self.refusals) - 1
-        self.refusals.clear()
-        record["status"] = "failed"
-        record["reason"] = first + (f" (and {more} more refused event{'s' * (more > 1)})" if more else "")
-        record.setdefault("integrity", {}).setdefault("checks", []).append("audit")
-        return record
+    def drain(self) -> list[str]:
+        """The events refused since the last call (facts for the judge, which fails the record on any)."""
+        refused, self.refusals = self.refusals, []
+        return refused
 
 
 class _ImportGate:

@@ -1,0 +1,119 @@
+"""The parent's clock against the worker's samples: every reported figure is bounded by what the parent saw.
+
+For each batch the judge knows its own wall time ``W`` (request sent to reply read, on CLOCK_MONOTONIC) and
+the worker reports the batch's window and per-call samples. Checked for every backend:
+
+* the window lies inside the parent's interval; on a host clock each call's stamps lie inside the window,
+  in order, and each sample fits its stamps; on a device clock the samples add up to no more than the window;
+* so no reported sample, and no sum of them, can exceed what the parent measured.
+
+And, for untrusted kernels, the other direction: samples cannot be reported *shorter* than they were. The
+same loop is run with an empty call (the inputs still generated, the outputs still poisoned, shadowed and
+scanned, the cache still flushed) before and after the timed batches; its parent wall time ``E(n)`` for
+``n`` calls is what the loop costs without a kernel. A timed batch adds up when
+
+    W - sum(samples) <= LOAD_FACTOR * E(n) + ACCOUNTING_FLOOR
+
+and a record passes when at least :data:`ACCOUNTED_FRACTION` of its batches add up (a burst of machine
+load can hit a few; a forger fakes them all), after up to :data:`AUDIT_PAIRS` extra empty/timed pairs.
+So a kernel can under-report by at most ``(LOAD_FACTOR - 1) * E(n) + ACCOUNTING_FLOOR`` per batch
+(docs/integrity.md states the bound with figures).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kbench.judge.verify import CheckFailed
+
+#: how much machine load may inflate the empty loop's cost before time counts as unexplained
+LOAD_FACTOR = 1.5
+#: unexplained time (s) per batch always allowed: the channel's round trip and scheduling jitter
+ACCOUNTING_FLOOR = 0.002
+#: fraction of an untrusted record's timed batches that must add up
+ACCOUNTED_FRACTION = 0.75
+#: extra empty/timed batch pairs measured before samples that do not add up fail a record
+AUDIT_PAIRS = 4
+#: a sample may exceed its stamps by this much (clock granularity, a device's events vs the host's marks)
+STAMP_SLACK = 1e-4
+
+
+def check_clock(kind: str, samples: list[float], window: tuple[int, int], stamps: list[tuple[int, int]] | None,
+                sent: int, received: int, host_clock: bool) -> None:
+    """Raise CheckFailed unless the batch's times fit inside the parent's own interval (module doc)."""
+    begin, end = window
+    if not sent <= begin <= end <= received:
+        raise CheckFailed(f"samples do not add up: a {kind} batch claims to run outside the parent's clock "
+                          f"window (timers patched or samples forged)")
+    span = (end - begin) * 1e-9
+    if host_clock:
+        if stamps is None:
+            raise CheckFailed(f"samples do not add up: a {kind} batch on a host clock came without stamps")
+        last = begin
+        for i, (t, (a, b)) in enumerate(zip(samples, stamps)):
+            if not last <= a <= b <= end:
+                raise CheckFailed(f"samples do not add up: call {i + 1} of a {kind} batch claims to run outside "
+                                  f"the batch's window on the parent's clock (timers patched or samples forged)")
+            if t > (b - a) * 1e-9 + STAMP_SLACK:
+                raise CheckFailed(f"samples do not add up: call {i + 1} of a {kind} batch reports {t:.3g} s in "
+                                  f"{(b - a) * 1e-9:.3g} s of its own stamps")
+            last = b
+    elif sum(samples) > span + STAMP_SLACK * max(len(samples), 1):
+        raise CheckFailed(f"samples do not add up: a {kind} batch reports {sum(samples):.3g} s of samples in a "
+                          f"window of {span:.3g} s")
+
+
+@dataclass
+class Accounting:
+    """The parent's figures of one record's timed and empty batches (``timing.accounting`` in the record)."""
+
+    enforce: bool                                   # untrusted: samples must explain the parent's time
+    timed: list[tuple[int, float, float]] = field(default_factory=list)    # (calls, parent s, samples s)
+    empty: list[tuple[int, float]] = field(default_factory=list)           # (calls, parent s)
+    forward_seconds: float = 0.0                    # untimed forwards of split cases, parent-measured
+    audits: int = 0
+
+    def loop_cost(self, calls: int) -> float | None:
+        """The empty loop's parent time for ``calls`` calls (the most expensive measurement, scaled)."""
+        if not self.empty:
+            return None
+        return max(wall / max(n, 1) for n, wall in self.empty) * calls
+
+    def adds_up(self, calls: int, wall: float, sampled: float) -> bool:
+        cost = self.loop_cost(calls)
+        if cost is None:
+            return True
+        return wall - sampled <= LOAD_FACTOR * cost + ACCOUNTING_FLOOR
+
+    def accounted(self) -> bool:
+        if not self.enforce or not self.timed:
+            return True
+        ok = sum(self.adds_up(*b) for b in self.timed)
+        return ok >= ACCOUNTED_FRACTION * len(self.timed)
+
+    def summary(self) -> dict[str, Any]:
+        walls = sum(w for _, w, _ in self.timed)
+        sampled = sum(s for _, _, s in self.timed)
+        out: dict[str, Any] = {"parent_seconds": walls, "sample_seconds": sampled,
+                               "explained": sampled / walls if walls > 0 else 1.0,
+                               "batches": len(self.timed), "calls_per_batch": max((n for n, _, _ in self.timed),
+                                                                                  default=0)}
+        if self.forward_seconds:
+            out["untimed_forward_seconds"] = self.forward_seconds
+        if self.empty:
+            out.update(empty_seconds=sum(w for _, w in self.empty), empty_batches=len(self.empty),
+                       audit_batches=self.audits,
+                       accounted_batches=sum(self.adds_up(*b) for b in self.timed))
+        return out
+
+    def verdict(self) -> None:
+        if self.accounted():
+            return
+        bad = sum(not self.adds_up(*b) for b in self.timed)
+        walls = sum(w for _, w, _ in self.timed)
+        sampled = sum(s for _, _, s in self.timed)
+        raise CheckFailed(f"samples do not add up: in {bad} of {len(self.timed)} batches the worker's samples "
+                          f"left more of the parent's time unexplained than {LOAD_FACTOR:g}x the same loop with "
+                          f"an empty call plus {ACCOUNTING_FLOOR * 1e3:g} ms ({sampled:.3g} s of samples in "
+                          f"{walls:.3g} s; empty loop {self.loop_cost(1) or 0:.3g} s per call): timers patched or "
+                          f"samples forged")

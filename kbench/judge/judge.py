@@ -1,0 +1,418 @@
+"""The judge: one (backend, case) driven through a worker's call runner, and the record it earns.
+
+The judge runs in the parent and never imports candidate code. For one (backend, case) it:
+
+1. sends the worker the job (case, arena layout) and, batch by batch, input **keys** derived from the run's
+   secret (kbench.judge.inputs): the worker generates each call's inputs on its device just before the
+   call, so the content of a call exists only from then on and the parent ships no array;
+2. runs the correctness trials (several keys), has their outputs copied into the sealed arena and verifies
+   them here: NaN/Inf over every element, relative L2 against the float64 reference of inputs it
+   regenerates itself, on rows picked after the outputs exist, and the trivial predictors;
+3. warms up, then samples in batches of back-to-back calls until the noise target (or a time limit after
+   ``min_samples``); after each batch it checks the worker's clock against its own (kbench.judge.accounting)
+   and the non-finite counts of every call, and verifies outputs of calls it picks after the reply
+   (one call of every batch of an untrusted kernel; the first and last batch of a trusted library);
+4. for untrusted kernels, measures the same loop with an empty call and requires the samples to explain the
+   parent's time (kbench.judge.accounting); optionally runs a sustained loop for energy and clocks;
+5. decides the record. A reply is data to verify, never a verdict: anything malformed fails the record.
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+
+from kbench.enums import Status
+from kbench.judge import replies
+from kbench.judge.accounting import AUDIT_PAIRS, Accounting, check_clock
+from kbench.judge.context import new_record
+from kbench.judge.inputs import InputSource
+from kbench.judge.replies import KernelError, expect
+from kbench.judge.verify import CheckFailed, tolerance, verify
+from kbench.protocol import Layout, ProtocolError, arena_file
+from kbench.timing import Timing
+
+#: most calls in one batch (slots held at once)
+MAX_POOL = 64
+#: a batch of timed calls lasts about this long (fewer round trips for fast kernels)
+TARGET_BATCH_SECONDS = 0.02
+#: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
+TIMED_ROWS = 32
+#: sampling may go on past ``max_time`` up to this many times it, to reach ``min_samples``
+HARD_TIME_FACTOR = 3.0
+
+
+class Abort(Exception):
+    """The worker is gone (crash, timeout, broken channel): ``record`` holds what the channel knows."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(record.get("reason"))
+        self.record = record
+
+
+class Judge:
+    """One (backend, case) judged through ``channel`` (a worker's, or an in-process runner's)."""
+
+    def __init__(self, ctx, channel, case, timeout: float | None = None, *, trusted: bool = True) -> None:
+        self.ctx, self.channel, self.case, self.trusted = ctx, channel, case, trusted
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.source = InputSource(ctx.secret, ctx.op, case)
+        self.rng = np.random.default_rng(secrets.randbits(128))   # rows and verified calls: after the fact
+        self.buf: mmap.mmap | None = None
+        self.layout: Layout | None = None
+        self.accounting = Accounting(enforce=not trusted)
+        self.host_clock = bool(getattr(ctx.device, "host_clock", True))
+        self.split = bool(ctx.op.backward_inputs(case))
+        self.outputs = len(ctx.op.output_shapes(case))
+        self.counter = {"warmup": 0, "timed": 0, "empty": 0}
+        self.threads: tuple[int | None, int | None] = (None, None)
+        self.ended = False
+
+    # -- the channel ---------------------------------------------------------------------------
+
+    def _remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def _request(self, message: tuple, kind: str) -> tuple[dict[str, Any], int, int]:
+        sent = time.perf_counter_ns()
+        answer = self.channel.request(message, self._remaining())
+        received = time.perf_counter_ns()
+        payload = expect(answer, kind)
+        why = replies.fault(payload)
+        if why:
+            raise CheckFailed(why)
+        return payload, sent, received
+
+    def _keys(self, purpose: str, n: int) -> list[tuple[int, int]]:
+        start = self.counter[purpose]
+        self.counter[purpose] += n
+        return [self.source.key(purpose, start + i) for i in range(n)]
+
+    def _forward(self, kind: str, calls: list) -> None:
+        """Split cases: the untimed forwards of the named calls, in a request of their own timed by the parent."""
+        _, sent, received = self._request(("forward", {"kind": kind, "calls": calls}), "forward")
+        if kind == "timed":
+            self.accounting.forward_seconds += (received - sent) * 1e-9
+
+    def _batch(self, kind: str, calls: list) -> tuple[list[float], float, list[list[int]]]:
+        """Samples of one batch, the parent's wall time of it, the non-finite counts; clock checked."""
+        if self.split and kind != "empty":
+            self._forward(kind, calls)
+        payload, sent, received = self._request(("batch", {"kind": kind, "calls": calls}), "batch")
+        n = len(calls)
+        got = replies.samples(payload, n, kind)
+        check_clock(kind, got, replies.window(payload, kind), replies.stamps(payload, n, kind), sent, received,
+                    self.host_clock)
+        counts = replies.nonfinite(payload, n, self.outputs, kind)
+        self.threads = replies.threads(payload)
+        return got, (received - sent) * 1e-9, counts
+
+    def _collect(self, slots: list[int]) -> list[dict[str, np.ndarray]]:
+        """Outputs of the named slots' last calls, copied by the worker into the arena, copied again here."""
+        self._request(("collect", {"slots": slots}), "collected")
+        return [{name: np.array(view, copy=True) for name, view in self.layout.output_views(self.buf, j).items()}
+                for j in range(len(slots))]
+
+    # -- the record ----------------------------------------------------------------------------
+
+    def run(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from kbench.hardware import roofline_point
+        from kbench.stats import summarize
+
+        ctx, case, op = self.ctx, self.case, self.ctx.op
+        out_dtype = op.output_dtype(case)
+        self.layout = Layout.plan(op.output_shapes(case), out_dtype.numpy, max(ctx.check.seeds, 1))
+        fd = arena_file(self.layout.nbytes)
+        try:
+            self.buf = mmap.mmap(fd, self.layout.nbytes)
+            job = {"case": case, "layout": self.layout, "forbidden_ops": () if self.trusted else forbidden_ops(ctx),
+                   "required_features": tuple(sorted(op.required_features(case))),
+                   "backward_inputs": tuple(op.backward_inputs(case)), "out_dtype": out_dtype.value}
+            prepared = expect(self.channel.start(job, fd, self._remaining()), "prepared")
+        finally:
+            os.close(fd)
+        if prepared.get("skip"):
+            return {"status": Status.SKIPPED.value, "reason": str(prepared["skip"])[:2000]}
+        info = prepared.get("backend_info")
+        rec["backend_info"] = info if isinstance(info, dict) else None
+        why = replies.fault(prepared)
+        if why:
+            raise CheckFailed(why)
+        integrity = rec.setdefault("integrity", {"checks": []})
+        started = time.perf_counter()
+        rec["correctness"] = self.correctness()
+        timing = self.timing(rec["correctness"]["call_seconds"])
+        rec["timing"] = {**timing.to_json(), "accounting": self.accounting.summary()}
+        if timing.below_min_samples:
+            rec["timing"]["below_min_samples"] = True
+        stats = summarize(timing.samples)
+        rec["stats"] = stats
+        integrity["threads"] = dict(zip(("python", "native"), self.threads))
+        integrity["timed_inputs"] = "generated on the device just before each call, from keys of the run's secret"
+        metrics = roofline_point(ctx.hardware, str(case.dtype), op.flops(case), op.min_bytes(case), stats["median"])
+        metrics["footprint"] = op.footprint(case)
+        rec["metrics"] = metrics
+        integrity["checks"] += self.checks_ran(job, metrics)
+        if ctx.timing.energy_seconds > 0:
+            rec["energy_loop"] = self.sustain(ctx.timing.energy_seconds, stats["median"])
+        ended, _, _ = self._request(("end",), "ended")
+        self.ended = True
+        telemetry = ended.get("telemetry")
+        rec["telemetry"] = telemetry if isinstance(telemetry, dict) else None
+        if rec.get("energy_loop") and isinstance(rec["telemetry"], dict):
+            rec["telemetry"]["energy"] = rec.pop("energy_loop")
+        else:
+            rec.pop("energy_loop", None)
+        rec["timing"]["accounting"]["judged_seconds"] = time.perf_counter() - started
+        if metrics.get("impossible"):
+            raise CheckFailed(f"impossible rate: {metrics.get('impossible_reason')} (work skipped, cached or done "
+                              f"outside the timed region)")
+        return {"status": Status.PASSED.value}
+
+    def checks_ran(self, job: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+        """The integrity checks this record went through (docs/integrity.md): the suite's settings and the
+        case decide some, and a record lists only those that ran."""
+        settings = self.ctx.integrity
+        ran = ["secret_inputs", "parent_verifies", "rows_after_output", "nan_every_element", "trivial_predictors",
+               "parent_clock", "poisoned_output", "inputs_unchanged", "no_aliasing", "late_writes",
+               "inputs_just_in_time"]
+        if not self.trusted:
+            ran.append("samples_explain_parent_time")
+        if settings.verify_timed_outputs:
+            ran.append("timed_outputs")
+        if settings.check_threads:
+            ran.append("threads")
+        if settings.check_harness:
+            ran.append("harness")
+        if job.get("forbidden_ops"):
+            ran.append("forbidden_ops")
+        if "impossible" in metrics:  # a roof to judge the rate against (datasheet, or a calibrated GEMM rate)
+            ran.append("roofline")
+        return ran
+
+    def correctness(self) -> dict[str, Any]:
+        """Every check key called once; every output judged here, on rows picked after it exists."""
+        ctx = self.ctx
+        keys = [self.source.key("check", i) for i in range(ctx.check.seeds)]
+        calls = [[slot, key] for slot, key in enumerate(keys)]
+        durations, _, _ = self._batch("check", calls)
+        outputs = self._collect(list(range(len(keys))))
+        errors: list[float] = []
+        rows_checked, per_output = None, {}
+        for trial, (key, got) in enumerate(zip(keys, outputs)):
+            try:
+                err, rows_checked, report = verify(ctx, self.case, self.source.inputs(key), got, f"trial {trial}",
+                                                   self.rng)
+            except CheckFailed as exc:
+                if len(exc.args) > 1:
+                    exc.args[1].update({"seeds": trial + 1, "per_seed": errors + [exc.args[1]["rel_l2"]]})
+                raise
+            errors.append(err)
+            for name, value in report.items():
+                if name not in per_output or value["rel_l2"] > per_output[name]["rel_l2"]:
+                    per_output[name] = value
+        record = {"rel_l2": max(errors), "bound": tolerance(ctx, self.case), "seeds": len(errors),
+                  "rows_checked": rows_checked, "per_seed": errors, "call_seconds": durations}
+        if len(per_output) > 1:  # each output's worst error over the seeds, with its own bound
+            record["outputs"] = per_output
+            worst = max(per_output, key=lambda n: per_output[n]["rel_l2"] / per_output[n]["bound"])
+            record.update(rel_l2=per_output[worst]["rel_l2"], bound=per_output[worst]["bound"], worst_output=worst)
+        return record
+
+    def _calls_per_batch(self, guess: float) -> int:
+        if self.split and not self.trusted:
+            return 1  # a split call's saved state exists before its sample: one call per batch (docs/integrity.md)
+        budget = max(1, int(getattr(self.ctx.device, "pool_memory", 256 * 2**20) // max(self.source.slot_bytes(), 1)))
+        return int(max(1, min(MAX_POOL, budget, math.ceil(TARGET_BATCH_SECONDS / guess))))
+
+    def timing(self, check_seconds: list[float]) -> Timing:
+        """Warm-up, then adaptive sampling in batches of back-to-back calls (module doc)."""
+        settings = self.ctx.timing
+        per_batch = self._calls_per_batch(max(min(check_seconds), 1e-7))
+        clock = time.perf_counter
+        begin = clock()
+        warm = 0
+        want = max(settings.warmup_calls, 1)
+        while warm < want or clock() - begin < settings.warmup_time:
+            n = min(per_batch, max(1, want - warm)) if settings.warmup_time <= 0 else per_batch
+            self._batch("warmup", self._slots("warmup", n))
+            warm += n
+        warm_time = clock() - begin
+        if self.accounting.enforce:
+            self._empty(per_batch)
+        samples: list[float] = []
+        reason, below = "max_samples", False
+        begin = clock()
+        first = True
+        while len(samples) < settings.max_samples:
+            n = min(per_batch, settings.max_samples - len(samples))
+            got, wall, counts, calls = self._timed(n)
+            samples += got
+            elapsed = clock() - begin
+            stop = None
+            if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
+                from kbench.stats import rel_standard_error
+
+                if rel_standard_error(samples) < settings.target_rel_se:
+                    stop = "noise_target"
+            if stop is None and elapsed >= settings.max_time and len(samples) >= settings.min_samples:
+                stop = "time_limit"
+            if stop is None and elapsed >= HARD_TIME_FACTOR * settings.max_time and len(samples) >= 2:
+                stop, below = "time_limit", len(samples) < settings.min_samples
+            if stop is None and len(samples) >= settings.max_samples:
+                stop = "max_samples"
+            # verified after the reply: one call of every batch of an untrusted kernel; a trusted library's
+            # first and last batch (integrity.verify_timed_outputs: false leaves the NaN/Inf counts)
+            if self.ctx.integrity.verify_timed_outputs and (not self.trusted or first or stop is not None):
+                self._verify_timed(calls)
+            first = False
+            if stop is not None:
+                reason = stop
+                break
+        sampling_time = clock() - begin
+        if self.accounting.enforce:
+            self._empty(per_batch)
+            while not self.accounting.accounted() and self.accounting.audits < AUDIT_PAIRS:
+                # a burst of load can hit a timed batch: measure a few more pairs (verified, not reported)
+                self._empty(per_batch)
+                _, _, _, calls = self._timed(per_batch)
+                if self.ctx.integrity.verify_timed_outputs:
+                    self._verify_timed(calls)
+                self.accounting.audits += 1
+            self.accounting.verdict()
+        return Timing(samples, reason, warm, warm_time, sampling_time, below)
+
+    def _slots(self, purpose: str, n: int) -> list:
+        return [[slot, key] for slot, key in enumerate(self._keys(purpose, n))]
+
+    def _timed(self, n: int) -> tuple[list[float], float, list[list[int]], list]:
+        calls = self._slots("timed", n)
+        got, wall, counts = self._batch("timed", calls)
+        self.accounting.timed.append((n, wall, sum(got)))
+        for i, row in enumerate(counts):  # NaN/Inf over every element of every timed output, where it lives
+            if any(row):
+                raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
+                                  f"garbage results when timed): {sum(row)} output elements are NaN/Inf on timed "
+                                  f"call {self.counter['timed'] - n + i + 1}")
+        return got, wall, counts, calls
+
+    def _empty(self, n: int) -> None:
+        calls = self._slots("empty", n)
+        _, wall, _ = self._batch("empty", calls)
+        self.accounting.empty.append((n, wall))
+
+    def _verify_timed(self, calls: list) -> None:
+        """One call of the batch, picked now (after the reply), verified on rows picked now."""
+        slot, key = calls[int(self.rng.integers(len(calls)))]
+        (got,) = self._collect([slot])
+        try:
+            # fewer rows and no uniform-attention reference: the correctness trials did the full check;
+            # these catch answers that change when timed
+            verify(self.ctx, self.case, self.source.inputs(key), got, "a timed call", self.rng,
+                   max_rows=min(self.ctx.check.max_rows, TIMED_ROWS), uniform=False)
+        except CheckFailed as exc:
+            raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
+                              f"garbage results when timed): {exc.args[0]}") from None
+
+    def sustain(self, seconds: float, median: float) -> dict[str, Any] | None:
+        """Energy, power and clocks over a sustained loop of back-to-back calls, bounded by the parent's clock."""
+        payload, sent, received = self._request(("sustain", {"seconds": float(seconds)}), "sustained")
+        facts = payload.get("energy")
+        if not isinstance(facts, dict):
+            return None
+        wall = (received - sent) * 1e-9
+        calls, window = facts.get("calls"), facts.get("seconds")
+        ok = (isinstance(calls, int) and calls > 0 and isinstance(window, (int, float)) and 0 < window <= wall
+              and calls * median * 0.5 <= window)
+        if not ok:
+            raise CheckFailed(f"energy loop does not add up: {calls!r} calls in {window!r} s reported, "
+                              f"{wall:.3g} s on the parent's clock, median {median:.3g} s per call")
+        return {**facts, "method": "sustained loop", "parent_seconds": wall}
+
+    def close(self) -> None:
+        if self.buf is not None:
+            try:
+                self.buf.close()
+            except BufferError:
+                pass
+            self.buf = None
+
+
+def forbidden_ops(ctx) -> tuple[str, ...]:
+    """Torch operators the worker watches for in an untrusted kernel's untimed calls (none when allowed)."""
+    from kbench.judge.policy import FORBIDDEN_OPS
+
+    allowed = ctx.integrity.allowed_calls
+    return tuple(p for p in FORBIDDEN_OPS if not any(a in p or p in a for a in allowed))
+
+
+def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None,
+          trusted: bool = True) -> dict[str, Any]:
+    """One record for (backend, case), made here from what the channel's worker reports.
+
+    Never raises for anything the worker or its kernel did: every outcome is a record.
+    """
+    t0 = time.perf_counter()
+    rec = new_record(backend_name, case, ctx.device.name)
+    rec["integrity"] = {"checks": []}
+    j = Judge(ctx, channel, case, timeout, trusted=trusted)
+    try:
+        rec.update(j.run(rec))
+    except Abort as exc:
+        keep = {k: v for k, v in rec.items() if k in ("backend_info", "correctness", "integrity")}
+        rec = {**exc.record, **keep}
+    except CheckFailed as exc:
+        rec["status"], rec["reason"] = Status.FAILED.value, str(exc.args[0])
+        if len(exc.args) > 1 and isinstance(exc.args[1], dict):
+            rec["correctness"] = exc.args[1]
+        _end(channel, j)
+    except ProtocolError as exc:
+        rec["status"], rec["reason"] = Status.FAILED.value, f"the worker's reply broke the protocol: {exc}"
+        _end(channel, j)
+    except KernelError as exc:
+        rec["status"] = Status.ERROR.value
+        rec["reason"] = str(exc.reply.get("reason"))
+        if exc.reply.get("audit"):  # refused by the worker's audit hook: the kernel did what it may not
+            rec["status"], rec["reason"] = Status.FAILED.value, exc.reply["audit"][0]
+        elif exc.reply.get("unsupported"):  # a library refused the case (kbench.unsupported)
+            rec["status"] = Status.SKIPPED.value
+        if exc.reply.get("traceback"):
+            rec["traceback"] = str(exc.reply["traceback"])
+        _end(channel, j)
+    except MemoryError as exc:
+        rec["status"], rec["reason"] = Status.ERROR.value, f"out of memory: {exc}".rstrip(": ")
+        _end(channel, j)
+    except OSError as exc:  # the parent's side: the arena could not be made (file-size limit, no memory)
+        rec.update(status=Status.ERROR.value, cause="infrastructure",
+                   reason=f"the judge could not set up the case's shared-memory arena: {exc} (a file-size "
+                          f"or memory limit of this shell? `ulimit -f`/`ulimit -v`)")
+        _end(channel, j)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on data a worker sent: this record, not the run
+        rec.update(status=Status.ERROR.value, cause="infrastructure",
+                   reason=f"the judge failed on this record: {type(exc).__name__}: {str(exc)[:500]}")
+        _end(channel, j)
+    finally:
+        j.close()
+    if rec.get("status") == Status.SKIPPED.value:
+        rec.pop("integrity", None)
+    rec["duration"] = time.perf_counter() - t0
+    accounting = (rec.get("timing") or {}).get("accounting")
+    if isinstance(accounting, dict) and rec["duration"] > 0:
+        # the kernel's share of everything this record cost the parent (worker start-up excluded)
+        accounting["kernel_fraction"] = accounting["sample_seconds"] / rec["duration"]
+    return rec
+
+
+def _end(channel, j: Judge) -> None:
+    """Release the worker's kernel and buffers after a failure (a worker that is gone needs nothing)."""
+    if j.ended:
+        return
+    try:
+        channel.request(("end",), j._remaining() or 5.0)
+    except Exception:  # noqa: BLE001 - the record is decided; the channel's state is the worker's problem
+        pass

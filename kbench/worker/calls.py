@@ -1,0 +1,369 @@
+"""The call runner: runs batches of a prepared kernel's calls where candidate code lives, and reports facts.
+
+It never judges. For each call of a batch, in the device's order and with no host round trip in between:
+
+1. the call's inputs are generated in place, in its slot's buffers, from the input key the judge sent
+   (the counter-based generator of kbench.ops.inputs, on the device): no call's inputs exist before the
+   previous call's sample ended, so no call can do a later call's work;
+2. its output buffers are poisoned (NaN), the device's cache flush is queued (outside the sample);
+3. the sample: the clock's start mark, the kernel, the stop mark;
+4. a shadow copy of each output is taken at once (on the device), to see later whether it still changed.
+
+After the batch the device is synchronised once; then the samples are read, every output is compared
+with its shadow (work left running after the call returned), and its NaN/Inf elements are counted where
+it lives. What the judge asks for next (``collect``) is copied into the shared arena: outputs of the calls
+it chose after the batch, and whether those calls' inputs are unchanged. Everything reported is a fact
+the judge verifies or can only fail a record with; the verdict is the parent's (kbench.judge).
+"""
+from __future__ import annotations
+
+import gc
+import mmap
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from kbench.backends import missing_feature
+from kbench.protocol import Layout
+from kbench.unsupported import Unsupported
+from kbench.worker.watches import Fault, OpWatch, ThreadLeak, ThreadWatch
+
+#: characters of a traceback kept in an error reply
+TRACEBACK_CHARS = 6000
+
+
+@dataclass
+class Slot:
+    """One call's device buffers, kept for the whole job (new content is written in place each time:
+    a cache keyed by address hits, and answers stale, which the judge's verification sees)."""
+
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    shadows: dict[str, Any]
+    key: tuple[int, int] | None = None
+    answer: dict[str, Any] = field(default_factory=dict)
+    saved: Any = None
+
+
+def _nothing() -> None:
+    return None
+
+
+class CallRunner:
+    """Runs the calls of one prepared kernel on the slots and keys the judge names; reports facts."""
+
+    def __init__(self, device, op, *, check_threads: bool = True, harness=None) -> None:
+        self.device, self.op = device, op
+        self.check_threads = check_threads
+        self.harness = harness          # HarnessSnapshot taken before candidate code loaded, or None
+        self.kernel: Any = None
+        self.case = None
+        self.layout: Layout | None = None
+        self.map: mmap.mmap | None = None
+        self.slots: dict[int, Slot] = {}
+        self.specs: dict[str, Any] | None = None
+        self.watch = ThreadWatch(check_threads)
+        self.forbidden_ops: tuple[str, ...] = ()
+        self.backward_inputs: tuple[str, ...] = ()
+
+    # -- job -----------------------------------------------------------------------------------
+
+    def attach(self, layout: Layout, fd: int) -> None:
+        """Map a job's arena (before any of the job's candidate code runs; the caller closes ``fd``)."""
+        self.end()
+        self.layout = layout
+        try:  # Python 3.13+: no duplicate of the descriptor is kept open while candidate code runs
+            self.map = mmap.mmap(fd, layout.nbytes, trackfd=False)  # type: ignore[call-arg]
+        except TypeError:
+            self.map = mmap.mmap(fd, layout.nbytes)
+
+    def start(self, backend, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Ask the backend whether it runs this case, prepare its kernel (the arena is attached)."""
+        from kbench.enums import DType
+
+        self.kernel, self.slots = None, {}
+        case = self.case = payload["case"]
+        self.forbidden_ops = tuple(payload.get("forbidden_ops", ()))
+        self.backward_inputs = tuple(payload.get("backward_inputs", ()))
+        self.out_dtype = DType(payload["out_dtype"])
+        self.specs = dict(self.op.input_specs(case) or {}) or None
+        self.watch = ThreadWatch(self.check_threads)
+        # features first: a backend is never asked about a case it declares it cannot run
+        for question in (backend.available, lambda: missing_feature(backend, payload.get("required_features", ())),
+                         lambda: backend.supports(case)):
+            reason = question()
+            if reason:
+                return {"skip": str(reason)}
+        info = backend.info()
+        self.kernel = backend.prepare(case)
+        if self.backward_inputs and not (callable(getattr(self.kernel, "forward", None))
+                                         and callable(getattr(self.kernel, "backward", None))):
+            raise TypeError(f"backend {backend.name!r} prepared a {type(self.kernel).__name__} for a split "
+                            f"(untimed forward, timed backward) case: it must have forward() and backward() "
+                            f"methods (kbench.api.TrainingKernel)")
+        return {"backend_info": info, "fault": self._harness_fault("while the kernel was prepared")}
+
+    def end(self) -> dict[str, Any]:
+        self.kernel = None
+        self.slots = {}
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a view is still alive somewhere: the mapping goes with the process
+                pass
+            self.map = None
+        return {"telemetry": self.device.telemetry()}
+
+    # -- slots and inputs ----------------------------------------------------------------------
+
+    def _slot(self, number: int) -> Slot:
+        slot = self.slots.get(number)
+        if slot is None:
+            dev = self.device
+            shapes = self.op.output_shapes(self.case)
+            inputs = ({name: dev.empty(spec.shape, _np_dtype(spec.dtype)) for name, spec in self.specs.items()}
+                      if self.specs is not None else {})
+            outputs = {name: dev.poisoned(tuple(shape), self.out_dtype) for name, shape in shapes.items()}
+            shadows = {name: dev.empty(tuple(shape), self.out_dtype.numpy) for name, shape in shapes.items()}
+            slot = self.slots[number] = Slot(inputs, outputs, shadows)
+        return slot
+
+    def _fill(self, slot: Slot, key: tuple[int, int]) -> None:
+        """The slot's inputs for ``key``, generated in place where they live."""
+        dev = self.device
+        if self.specs is None:  # an op that makes inputs on the host only
+            made = self.op.make_inputs(self.case, key)
+            if not slot.inputs:
+                slot.inputs.update({name: dev.from_host(arr) for name, arr in made.items()})
+            else:
+                for name, arr in made.items():
+                    dev.write(slot.inputs[name], arr)
+        else:
+            for stream, (name, spec) in enumerate(self.specs.items()):
+                dev.generate(slot.inputs[name], spec, key, stream)
+        slot.key = key
+
+    def _unchanged(self, slot: Slot) -> None:
+        """The slot's inputs still hold what was generated for its key (compared where they live)."""
+        if slot.key is None:
+            return
+        dev = self.device
+        if self.specs is None:
+            fresh = {name: dev.from_host(arr) for name, arr in self.op.make_inputs(self.case, slot.key).items()}
+        else:
+            fresh = {}
+            for stream, (name, spec) in enumerate(self.specs.items()):
+                fresh[name] = dev.empty(spec.shape, _np_dtype(spec.dtype))
+                dev.generate(fresh[name], spec, slot.key, stream)
+        for name, arr in fresh.items():
+            if not dev.same_content(arr, slot.inputs[name]):
+                raise Fault(f"input {name!r} was modified by the kernel (inputs must be read-only)")
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def forward(self, kind: str, calls: list) -> dict[str, Any]:
+        """Split cases (mode bwd): every named slot's inputs generated and its untimed forward run; the judge
+        times this request with its own clock and asks for the timed backward calls next."""
+        reply: dict[str, Any] = {"fault": None}
+        watch = OpWatch(self.forbidden_ops) if kind in ("check", "warmup") and self.forbidden_ops else None
+        try:
+            later = set(self.backward_inputs)
+            for number, key in calls:
+                slot = self._slot(int(number))
+                self._fill(slot, _key(key))
+                first = [v for n, v in slot.inputs.items() if n not in later]
+                before = self.watch.before()
+
+                def run(first=first):
+                    return self.kernel.forward(*first)
+
+                slot.saved = watch.run(run) if watch is not None else run()
+                self.device.synchronize()
+                self.watch.after(before)
+            reply["fault"] = self._harness_fault(_phase(kind))
+        except (Fault, ThreadLeak) as exc:
+            reply["fault"] = str(exc)
+        return reply
+
+    def batch(self, kind: str, calls: list) -> dict[str, Any]:
+        """One batch of calls (module doc). ``kind`` "empty" runs the same loop with a call that does nothing:
+        the judge measures the loop's own cost with it."""
+        dev = self.device
+        reply: dict[str, Any] = {"samples": [], "stamps": None, "window": None, "nonfinite": [], "fault": None}
+        empty = kind == "empty"
+        split = bool(self.backward_inputs) and not empty
+        watch = OpWatch(self.forbidden_ops) if kind in ("check", "warmup") and self.forbidden_ops else None
+        clock = dev.sample_clock(len(calls))
+        numbers = [int(n) for n, _ in calls]
+        collecting = gc.isenabled()
+        gc.disable()  # no collector (and so no finalizer of candidate objects) runs between samples
+        try:
+            begin = time.perf_counter_ns()
+            for i, (number, key) in enumerate(calls):
+                slot = self._slot(numbers[i])
+                if not split:
+                    self._fill(slot, _key(key))
+                for buf in slot.outputs.values():
+                    dev.repoison(buf)
+                call = dev.prepare_call(_nothing if empty else self._call(slot))
+                dev.before_sample()
+                before = self.watch.before()
+                clock.start(i)
+                result = watch.run(call) if watch is not None else call()
+                clock.stop(i)
+                self.watch.after(before)
+                slot.answer = {} if empty else self._answers(result, slot)
+                for name, arr in slot.answer.items():
+                    dev.copy_into(slot.shadows[name], arr)
+            dev.synchronize()
+            reply["window"] = [begin, time.perf_counter_ns()]
+            reply["samples"] = clock.seconds()
+            reply["stamps"] = clock.stamps() if clock.host else None
+            for i, number in enumerate(numbers):
+                slot = self.slots[number]
+                for name, arr in slot.answer.items():
+                    if not dev.same_content(slot.shadows[name], arr):
+                        which = "" if len(slot.answer) == 1 else f" {name!r}"
+                        raise Fault(f"the output{which} changed after the kernel returned (call {i + 1} of a {kind} "
+                                    f"batch): work was left running (a thread, a stream or lazy evaluation) and "
+                                    f"would not be timed")
+                reply["nonfinite"].append([dev.nonfinite(arr) for arr in slot.answer.values()])
+            reply["fault"] = self._harness_fault(_phase(kind))
+        except (Fault, ThreadLeak) as exc:
+            reply["fault"] = str(exc) + (" (during timing)" if kind == "timed" and isinstance(exc, ThreadLeak) else "")
+        finally:
+            if collecting:
+                gc.enable()
+        reply["threads"] = list(self.watch.max_seen)
+        return reply
+
+    def _call(self, slot: Slot) -> Callable[[], Any]:
+        kernel = self.kernel
+        if not self.backward_inputs:
+            arrays = {**slot.inputs, **slot.outputs}
+            return lambda: kernel(**arrays)
+        later = [slot.inputs[n] for n in self.backward_inputs]
+        buffers = list(slot.outputs.values())
+        saved = slot.saved
+        return lambda: kernel.backward(saved, *later, *buffers)
+
+    def collect(self, numbers: list[int]) -> dict[str, Any]:
+        """Copy the outputs of the named slots' last calls into arena slots 0, 1, ... and check that their
+        inputs are unchanged."""
+        reply: dict[str, Any] = {"fault": None}
+        dev, layout = self.device, self.layout
+        try:
+            for j, number in enumerate(numbers):
+                slot = self.slots[int(number)]
+                views = layout.output_views(self.map, j)
+                for name, view in views.items():
+                    arr = slot.answer.get(name)
+                    if arr is None:
+                        view[...] = np.nan
+                        continue
+                    host = np.asarray(dev.to_host(arr))
+                    np.copyto(view, host.reshape(view.shape))
+                self._unchanged(slot)
+            reply["fault"] = self._harness_fault("while outputs were collected")
+        except Fault as exc:
+            reply["fault"] = str(exc)
+        return reply
+
+    def sustain(self, seconds: float) -> dict[str, Any]:
+        """Calls of slot 0's kernel back to back for ``seconds`` or more (no new inputs, no flush): the
+        device measures energy, power and clocks over the loop (``Device.sustained``)."""
+        slot = self._slot(0)
+        call = self._call(slot)
+        facts = self.device.sustained(call, float(seconds))
+        if facts is None:
+            return {"energy": None, "why": f"the {self.device.name} device does not measure energy"}
+        return {"energy": facts, "fault": self._harness_fault("during the sustained loop")}
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def _answers(self, result: Any, slot: Slot) -> dict[str, Any]:
+        """name -> the array holding that output: the buffer, or what the kernel returned instead."""
+        outs = slot.outputs
+        if len(outs) > 1 and (result is None or type(result) is dict):
+            result = result or {}
+            unknown = sorted(set(result) - set(outs))
+            if unknown:
+                raise Fault(f"the kernel returned outputs {', '.join(map(repr, unknown))}; this case's outputs are "
+                            f"{', '.join(outs)}")
+            return {name: self._answer(result.get(name), buf, slot.inputs, name) for name, buf in outs.items()}
+        if len(outs) > 1 and result is not None:
+            raise Fault(f"the kernel returned a {type(result).__name__}; a kernel with several outputs "
+                        f"({', '.join(outs)}) writes their buffers or returns a dict name -> array")
+        (name, buf), = outs.items()
+        return {name: self._answer(result, buf, slot.inputs, name)}
+
+    def _answer(self, result: Any, out: Any, inputs: Mapping[str, Any], name: str = "out") -> Any:
+        if result is None:
+            return out
+        which = "output" if name == "out" else f"output {name!r}"
+        if not self.device.is_array(result):
+            raise Fault(f"the kernel returned a {type(result).__name__}, not a {type(out).__name__} like its output "
+                        f"buffer {name!r} (exactly that type: results must be materialised before return, and "
+                        f"no subclass may run its own code inside the harness)")
+        if tuple(result.shape) != tuple(out.shape):
+            raise Fault(f"{which} shape {tuple(result.shape)} differs from expected {tuple(out.shape)}")
+        if result.dtype != out.dtype:
+            raise Fault(f"{which} dtype {result.dtype} differs from the case's output dtype ({out.dtype}): "
+                        f"precision must not change")
+        for in_name, arr in inputs.items():
+            if self.device.is_same_memory(result, arr):
+                raise Fault(f"output {name!r} aliases input {in_name!r}: a kernel must write its own buffer")
+        return result
+
+    def _harness_fault(self, phase: str) -> str | None:
+        if self.harness is None:
+            return None
+        changed = self.harness.changed()
+        if not changed:
+            return None
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        return f"harness tampering: {shown} replaced {phase} (timer or harness functions must not be patched)"
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def handle(self, message: tuple, backend=None) -> tuple[str, dict[str, Any]]:
+        """One request -> one reply; a kernel's exception becomes an ``error`` reply, never a crash."""
+        kind = message[0]
+        try:
+            if kind == "job":
+                return "prepared", self.start(backend, message[1])
+            if kind == "batch":
+                return "batch", self.batch(message[1]["kind"], list(message[1]["calls"]))
+            if kind == "forward":
+                return "forward", self.forward(message[1]["kind"], list(message[1]["calls"]))
+            if kind == "collect":
+                return "collected", self.collect(list(message[1]["slots"]))
+            if kind == "sustain":
+                return "sustained", self.sustain(message[1]["seconds"])
+            if kind == "end":
+                return "ended", self.end()
+            return "error", {"reason": f"unknown request {kind!r}"}
+        except MemoryError as exc:
+            return "error", {"reason": f"out of memory: {exc}".rstrip(": "), "memory": True}
+        except Unsupported as exc:  # a library refused the case: a skip with its own words, not an error
+            return "error", {"reason": str(exc), "unsupported": True}
+        except Exception as exc:  # noqa: BLE001 - a failing kernel is a record, never the end of a run
+            text = "".join(traceback.format_exception(exc)[-6:])
+            return "error", {"reason": f"{type(exc).__name__}: {exc}"[:2000], "traceback": text[-TRACEBACK_CHARS:]}
+
+
+def _key(key: Any) -> tuple[int, int]:
+    return int(key[0]), int(key[1])
+
+
+def _phase(kind: str) -> str:
+    return {"check": "during the correctness check", "timed": "during timing"}.get(kind, f"({kind})")
+
+
+def _np_dtype(name: str) -> np.dtype:
+    from kbench.ops.inputs import np_dtype
+
+    return np_dtype(name)

@@ -1,0 +1,160 @@
+"""What the worker watches around candidate code: harness identity, threads, torch operators.
+
+These are facts the call runner reports (kbench.worker.calls); each can only fail a record, and the judge
+in the parent decides. They run in the process that runs candidate code, so they are defence in depth
+behind the parent's own checks (secret inputs, verification, the parent's clock), never the only check.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+#: timer functions a kernel could patch to shorten its samples
+TIMER_NAMES = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+               "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep")
+#: device methods the timed loop calls
+DEVICE_METHODS = ("time_call", "synchronize", "before_sample", "poisoned", "repoison", "from_host", "to_host",
+                  "write", "generate", "sample_clock", "is_array", "copy", "copy_into", "same_content", "nonfinite",
+                  "is_same_memory", "sustained")
+#: modules whose functions the worker's timed loop relies on
+HARNESS_MODULES = ("kbench.worker.calls", "kbench.worker.watches", "kbench.protocol", "kbench.ops.inputs",
+                   "kbench.devices")
+
+
+class HarnessSnapshot:
+    """Identity of every function the worker relies on to run, time and report a kernel's calls."""
+
+    def __init__(self, device: Any | None = None) -> None:
+        self.device = device
+        self.items = dict(self._current())
+
+    def _current(self) -> Iterable[tuple[str, Any]]:
+        import importlib
+
+        import numpy as np
+
+        for name in TIMER_NAMES:
+            yield f"time.{name}", getattr(time, name, None)
+        for name in ("isfinite", "count_nonzero", "array", "asarray", "ascontiguousarray", "array_equal", "copyto",
+                     "take", "full", "empty"):
+            yield f"numpy.{name}", getattr(np, name)
+        yield "numpy.random.Philox", np.random.Philox
+        yield "threading.active_count", threading.active_count
+        yield "os.listdir", os.listdir
+        for modname in HARNESS_MODULES:
+            mod = importlib.import_module(modname)
+            for key, value in vars(mod).items():
+                # functions, classes and the modules they call through (``time`` swapped for a fake clock)
+                if not key.startswith("__") and (callable(value) or isinstance(value, type(os))):
+                    yield f"{modname}.{key}", value
+        if self.device is not None:
+            cls = type(self.device)
+            for klass in cls.__mro__:
+                if klass is object:
+                    continue
+                for name in DEVICE_METHODS:
+                    if name in vars(klass):
+                        yield f"{klass.__name__}.{name}", vars(klass)[name]
+            for name in DEVICE_METHODS:
+                yield f"{self.device.name} device instance .{name}", vars(self.device).get(name)
+
+    def changed(self) -> list[str]:
+        """Names whose object is no longer the one captured (or that appeared since)."""
+        now = dict(self._current())
+        return sorted(k for k in set(now) | set(self.items) if now.get(k) is not self.items.get(k))
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: Python threads are what we can see
+        return threading.active_count()
+
+
+def thread_counts() -> tuple[int, int]:
+    return threading.active_count(), native_threads()
+
+
+class ThreadLeak(Exception):
+    """A kernel call returned with more threads alive than when it started."""
+
+
+class ThreadWatch:
+    """Counts Python and native threads before and after each call.
+
+    The first call of a kernel may start a library's persistent thread pool (BLAS, OpenMP, torch),
+    so growth is only an error from the second call on: a kernel that starts a thread per call, or
+    leaves work running when it returns, is caught there.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.calls = 0
+        self.max_seen = thread_counts()
+
+    def before(self) -> tuple[int, int] | None:
+        return thread_counts() if self.enabled else None
+
+    def after(self, before: tuple[int, int] | None) -> None:
+        if not self.enabled or before is None:
+            return
+        after = thread_counts()
+        self.calls += 1
+        self.max_seen = tuple(max(a, b) for a, b in zip(self.max_seen, after))
+        if self.calls > 1 and (after[0] > before[0] or after[1] > before[1]):
+            raise ThreadLeak(f"the kernel returned with threads still running (Python threads {before[0]} -> "
+                             f"{after[0]}, native threads {before[1]} -> {after[1]}): work left running after "
+                             f"return is not timed")
+
+
+class Fault(Exception):
+    """Something the runner saw that fails the record (reported as data; the judge names it)."""
+
+
+class OpWatch:
+    """Names every torch operator the dispatcher runs inside it and faults on a forbidden one.
+
+    The dispatcher sees the operator however the Python call was spelled (``getattr`` with a computed
+    name, ``torch.ops.aten...``, an alias): the run-time half of ``integrity.forbidden_calls``. Used on
+    the untimed calls only (the correctness and warm-up batches): it costs a Python call per operator.
+    """
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self.patterns = patterns
+        self.seen: list[str] = []
+        self.mode = None
+        torch = sys.modules.get("torch") if patterns else None
+        if torch is not None:
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            watch = self
+
+            class _Mode(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    name = str(func)
+                    if any(fnmatch.fnmatchcase(name, p) for p in watch.patterns):
+                        watch.seen.append(name)
+                    return func(*args, **(kwargs or {}))
+
+            self.mode = _Mode()
+
+    def __enter__(self) -> OpWatch:
+        if self.mode is not None:
+            self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(*exc)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self:
+            result = fn()
+        if self.seen:
+            raise Fault(f"forbidden operator {self.seen[0]} ran inside the kernel (integrity.forbidden_calls: "
+                        f"the library attention it competes with, however the call is spelled)")
+        return result

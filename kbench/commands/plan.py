@@ -196,14 +196,22 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
     shares = planner.shares
     screened = best_per_choice(plans, rank_by)
     search = None
-    if n_sim:
+    sim_note = ""
+    ranked = screened
+    if n_sim and not any(p.meets for p in screened):
+        sim_note = "not simulated: no plan meets the SLO in the screen (its closest plans are shown)"
+        n_sim = 0
+    elif n_sim:
         from kbench.plan.search import simulate_plans
 
         simulated, search = simulate_plans(planner, plans, rank_by, top=n_sim, requests=requests,
                                            search_requests=min(requests, 1500), seed=seed, devices=devices)
-        ranked = sorted(simulated, key=lambda p: _sim_key(p, rank_by))
-    else:
-        ranked = screened
+        if any(p.meets for p in simulated):
+            ranked = sorted(simulated, key=lambda p: _sim_key(p, rank_by))
+        else:
+            sim_note = (f"the simulation found no plan meeting the SLO among the screen's best {n_sim} choices "
+                        "(the screen's closest plans are shown)")
+            n_sim = 0
     meeting = [p for p in ranked if p.meets]
     shown = (meeting or ranked)[: top or None]
     mode = "devices" if devices else "rate"
@@ -213,7 +221,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                                        "attainment": workload.attainment}, "rank_by": rank_by,
                                "arrivals": workload.arrivals.label, "prefix_cache": workload.prefix_cache,
                                "turns": workload.turns, "devices": devices, "sizing": mode,
-                               "simulations": search.simulations if search else 0,
+                               "simulations": search.simulations if search else 0, "note": sim_note or None,
                                "assumptions": assume.__dict__, "meets_slo": bool(meeting),
                                "plans": [plan_json(p, shares) for p in shown],
                                "screen": [plan_json(p, shares) for p in screened[: top or None]],
@@ -234,6 +242,8 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                    f"{'; ' + '; '.join(extra) if extra else ''}; SLO TTFT <= {workload.slo.ttft:g} s, TPOT <= "
                    f"{workload.slo.tpot * 1e3:g} ms for {workload.attainment:.0%} of requests; weights {weights}, "
                    f"KV {kv}; ranked by {_rank_name(rank_by)}\n")
+        if sim_note:
+            click.echo(sim_note + "\n")
         if not meeting:
             click.echo("no plan meets the SLO; the closest plans:\n")
         click.echo(render(table_headers(workload.attainment, simulated=bool(n_sim)), table_rows(shown, shares), fmt))
@@ -272,7 +282,7 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
             click.echo(render(("hardware", "rate", "from", "value"), input_rows(planner), fmt))
             click.echo(f"\nscheduler: token budget {assume.chunk:,} per iteration, at most {assume.max_batch} "
                        "requests per instance, KV room reserved for the whole request at admission")
-            if any(p.meets for p in screened):
+            if any(p.meets for p in screened) and not devices:
                 click.echo("\nhow much the assumed efficiencies move the screen's answer:")
                 for line in sensitivity(planner_for, assume, rank_by):
                     click.echo(f"  {line}")

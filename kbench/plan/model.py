@@ -303,7 +303,7 @@ class Plan:
     attainment_target: float = 0.9   # the workload's: the TTFT quantile shown is this one
     transfer: dict[int, float] = field(default_factory=dict)
     tpot: float = math.inf
-    batch: int = 0                   # decode batch per lane at the operating point (simulated: the mean)
+    batch: float = 0                 # decode batch per lane at the operating point (simulated: the mean)
     max_batch: int = 0               # decode batch the KV room allows per lane
     attainment: float = 0.0
     meets: bool = False

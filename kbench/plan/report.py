@@ -163,7 +163,8 @@ def input_rows(planner: Planner) -> list[list[str]]:
         if len(lengths) > 8:
             rows.append([name, f"prefill attention at {len(lengths) - 8} more lengths", "-", "see --format json"])
         ctx = round(planner.decode_context)
-        par = next(iter(planner.configs(dm.hw)), None)
+        configs = planner.configs(dm.hw)
+        par = next((c for c in configs if dm.kv_tokens(c) >= planner.largest_request), configs[0] if configs else None)
         tp = par.tp if par else 1
         full = max(1, min(planner.assume.max_batch, math.floor(dm.kv_tokens(par) / planner.slot_tokens))) if par else 1
         for b in sorted({1, full}):

@@ -18,6 +18,11 @@ from kbench.plan.simulate import Pool, SimPlan, SimResult, Stream, make_stream, 
 RATE_TOLERANCE = 0.03
 #: most resizings of a pool after the whole-plan simulation misses the SLO
 MAX_RESIZE = 6
+#: the search's simulations span at least this many lifetimes of a request (its end-to-end latency alone), so
+#: that a queue which grows without bound shows; ...
+LIFETIMES = 10
+#: ... up to this many requests
+MAX_SEARCH_REQUESTS = 20_000
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,8 @@ class Search:
         self.devices = devices
         self.seed = seed
         self.stream: Stream = make_stream(self.workload, requests, seed)
-        self.search_stream: Stream = (self.stream if search_requests >= requests
-                                      else make_stream(self.workload, search_requests, seed + 1))
+        self.search_requests = search_requests
+        self.search_stream: Stream = make_stream(self.workload, max(search_requests, MAX_SEARCH_REQUESTS), seed + 1)
         self.progress = progress or (lambda _msg: None)
         self._capacity: dict[tuple, float] = {}
         self.simulations = 0
@@ -69,6 +74,27 @@ class Search:
         return simulate(plan, stream or self.stream, rate, self.workload.slo,
                         target=self.target if stop else None, seed=self.seed)
 
+    def fluid(self, c: Choice, role: str) -> tuple[float, float]:
+        """An upper bound on the rate one instance of ``role`` carries (its work per request, with every
+        iteration full, against time) and the lifetime of a request served alone (seconds)."""
+        pl = self.planner
+        mix = pl.mix
+        par = c.dpar if role == "decode" else c.ppar
+        dm = pl.devices[c.dhw.name if role == "decode" else c.phw.name]
+        chunk = pl.assume.chunk
+        t_cmp, t_mem = dm.gemm(chunk, par, kv_write=chunk)
+        per_token = (max(t_cmp, t_mem) + dm.comm(chunk, par)) / chunk
+        prefill = sum(c_.share * ((c_.input - c_.cached) * per_token + dm.prefill_attention(
+            (c_.input - c_.cached) * c_.cached + (c_.input - c_.cached) ** 2 / 2, c_.input, par.tp)) for c_ in mix)
+        alone_pre = sum(c_.share * dm.prefill(c_.input, par.tp, c_.cached, par.pp).seconds for c_ in mix)
+        b_max = max(1, min(pl.assume.max_batch, math.floor(dm.kv_tokens(par) / pl.slot_tokens)))
+        step_full = dm.decode_step(b_max, pl.decode_context, par.tp, par.pp).seconds
+        decode = pl.mean_output * step_full / b_max
+        alone_dec = pl.mean_output * dm.decode_step(1, pl.decode_context, par.tp, par.pp).seconds
+        work = {"both": prefill + decode, "prefill": prefill, "decode": decode}[role]
+        life = {"both": alone_pre + alone_dec, "prefill": alone_pre, "decode": alone_dec}[role]
+        return par.pp / work, life
+
     def instance_capacity(self, c: Choice, role: str, guess: float) -> float:
         """The highest arrival rate one instance (all its pp lanes) carries with the SLO met for the
         attainment target: ``role`` "both" (aggregated), "prefill" (TTFT, KV transfer included) or "decode"
@@ -82,14 +108,19 @@ class Search:
         if key in self._capacity:
             return self._capacity[key]
         plan = self.sim_plan(c, 1, 1, None if role == "both" else role)
+        bound, life = self.fluid(c, role)
+        turns = self.workload.turns
 
         def ok(rate: float) -> bool:
-            res = self.run(plan, rate, self.search_stream)
+            if rate >= bound:       # more work arrives than the instance can do: unstable, however short the run
+                return False
+            n = min(MAX_SEARCH_REQUESTS, max(self.search_requests, math.ceil(LIFETIMES * rate * life)))
+            res = self.run(plan, rate, self.search_stream.head(math.ceil(n / turns)))
             return not res.stopped and res.attainment >= self.target - 1e-9
 
         lo = hi = None
-        r = max(guess, 1e-9)
-        for _ in range(40):
+        r = max(min(guess, 0.9 * bound), 1e-9)
+        for _ in range(24):          # up to 2^12 above the guess, 2^-10 below it (then: no rate meets)
             if ok(r):
                 lo = r
                 if hi is not None:
@@ -97,11 +128,9 @@ class Search:
                 r *= 2
             else:
                 hi = r
-                if lo is not None:
+                if lo is not None or r < guess / 1000:
                     break
                 r /= 2
-            if r < 1e-9:
-                break
         if lo is None:
             self._capacity[key] = 0.0
             return 0.0
@@ -135,7 +164,7 @@ class Search:
         hw = {h.name: h for h in pl.hardware}
         phw, dhw = hw[pname], hw[dname]
         link = pl.interconnects.get(lname) if lname else None
-        feasible = [p for p in screened if p.key == key and p.devices]
+        feasible = [p for p in screened if p.key == key and p.devices and p.meets]
         if not feasible:
             return []
         wl = self.workload
@@ -232,6 +261,8 @@ class Search:
         plan = self.sim_plan(c, *counts)
 
         def ok(r: float) -> bool:
+            if not self.stable(c, counts, r):
+                return False
             res = self.run(plan, r)
             return not res.stopped and res.attainment >= self.target - 1e-9
 
@@ -258,6 +289,13 @@ class Search:
             lo, hi = (mid, hi) if ok(mid) else (lo, mid)
         return lo
 
+    def stable(self, c: Choice, counts: list[int], rate: float) -> bool:
+        """Whether the pools can do the work arriving at ``rate`` at all (fluid bound; a finite simulation of an
+        overloaded pool can look fine while its queue has only begun to grow)."""
+        if c.mode == "aggregated":
+            return rate < counts[0] * self.fluid(c, "both")[0]
+        return rate < counts[0] * self.fluid(c, "prefill")[0] and rate < counts[1] * self.fluid(c, "decode")[0]
+
     def _verify(self, c: Choice, counts: list[int], rate: float, screen: Plan) -> Plan:
         """Simulate the whole plan; where it misses the SLO, grow the pool that misses and try again; where it
         meets with a pool of one instance fewer, take that. With fixed devices: the highest rate it serves."""
@@ -279,6 +317,8 @@ class Search:
                 if counts[i] > 1:
                     fewer = counts[:]
                     fewer[i] -= 1
+                    if not self.stable(c, fewer, rate):
+                        continue
                     trial = self.run(self.sim_plan(c, *fewer), rate, stop=False)
                     if trial.attainment >= self.target - 1e-9:
                         counts, res = fewer, trial
@@ -312,7 +352,7 @@ class Search:
         plan.served_output = rate * sum(stream.output[r] for r in res.index) / n
         plan.tpot = res.percentile("tpot", 100 * self.target)
         plan.ttft = {}
-        plan.batch = round(res.mean_batch)
+        plan.batch = round(res.mean_batch, 1) if res.mean_batch < 10 else round(res.mean_batch)
         dm = pl.devices[c.dhw.name]
         dpar = c.dpar if c.mode == "disaggregated" else c.ppar
         plan.max_batch = min(pl.assume.max_batch, int(dm.kv_tokens(dpar) / pl.slot_tokens)) if pl.slot_tokens else 0
@@ -331,7 +371,7 @@ class Search:
 def candidates(screened: list[Plan], by: str, top: int) -> list[tuple]:
     """The choices to simulate: the ``top`` best (mode, prefill hardware, decode hardware, link) choices of the
     screen, and the best of each mode whatever its rank."""
-    ranked = [p for p in best_per_choice(screened, by) if p.devices]
+    ranked = [p for p in best_per_choice(screened, by) if p.devices and p.meets]
     picked: list[tuple] = []
     for mode in ("aggregated", "disaggregated"):
         first = next((p.key for p in ranked if p.mode == mode), None)

@@ -360,7 +360,7 @@ def test_json_output_and_plot(tmp_path):
     import json
 
     res = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm,a100-80gb-sxm", "-w", "chat", "--format", "json",
-                 "--plots", tmp_path, "--top", "0")
+                 "--plots", tmp_path, "--top", "0", "--simulate", "0")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output[: res.output.rindex("}") + 1])
     assert data["meets_slo"] and all(p["meets_slo"] for p in data["plans"])
@@ -372,9 +372,9 @@ def test_json_output_and_plot(tmp_path):
 
 def test_price_override_changes_the_ranking_figure():
     base = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm", "-w", "chat", "--format", "json",
-                  "--interconnect", "ib-ndr")
+                  "--interconnect", "ib-ndr", "--simulate", "0")
     cheap = invoke("-m", "llama-3.1-8b", "--hardware", "h100-sxm", "-w", "chat", "--format", "json",
-                   "--interconnect", "ib-ndr", "--price", "h100-sxm=1.495")
+                   "--interconnect", "ib-ndr", "--price", "h100-sxm=1.495", "--simulate", "0")
     import json
 
     a, b = json.loads(base.output)["plans"][0], json.loads(cheap.output)["plans"][0]
@@ -389,7 +389,7 @@ def test_price_override_changes_the_ranking_figure():
     (("-m", "llama-3.1-8b", "-w", "chat", "--slo", "latency=1s"), "bad SLO item"),
     (("-m", "llama-3.1-8b", "-w", "chat", "--price", "h100-sxm=free"), "bad price"),
     (("-m", "llama-3.1-8b", "-w", "chat", "--interconnect", "carrier-pigeon"), "unknown interconnect"),
-    (("-m", "llama-3.1-70b", "-w", "coding-agent", "--hardware", "l40s"), "does not fit any plan"),
+    (("-m", "llama-3.1-70b", "-w", "coding-agent", "--hardware", "l40s", "--pp", "1"), "does not fit any plan"),
     (("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "h100-sxm", "--slo", "tpot=0.1ms"), "no plan meets the SLO"),
 ])
 def test_bad_input_exits_2_with_a_message(args, needle):
@@ -432,7 +432,7 @@ def test_phase_table_by_hand():
 
 def test_default_hardware_skips_profiles_without_the_precision():
     # rubin-cpx has only an fp4 rate: named, it is bad input; by default it is left out
-    res = invoke("-m", "llama-3.1-8b", "-w", "chat", "--format", "json")
+    res = invoke("-m", "llama-3.1-8b", "-w", "chat", "--format", "json", "--simulate", "0")
     assert res.exit_code == 0, res.output
     assert "rubin-cpx" not in res.output
     named = invoke("-m", "llama-3.1-8b", "-w", "chat", "--hardware", "rubin-cpx")

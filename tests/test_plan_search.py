@@ -75,7 +75,7 @@ def test_an_overloaded_pool_is_refused_however_short_the_simulation():
     c = Choice("disaggregated", HW["h100-sxm"], Parallel(4), HW["h100-sxm"], Parallel(4), LINKS["ib-ndr"])
     bound, _ = search.fluid(c, "decode")
     dm = planner.devices["h100-sxm"]
-    b_max = min(512, dm.kv_tokens(Parallel(4)) // round(planner.slot_tokens))
+    b_max = min(512, int(dm.lane_tokens(Parallel(4)) // planner.slot_tokens))
     assert bound == pytest.approx(b_max / dm.decode_step(b_max, planner.decode_context, 4).seconds / 129, rel=0.01)
     assert not search.stable(c, [8, 1], 1.05 * bound) and search.stable(c, [8, 2], 1.05 * bound)
     assert search.instance_capacity(c, "decode", 2 * bound) < bound

@@ -4,6 +4,7 @@ law, arrival processes, trace replay, multi-turn conversations with cached conte
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -200,6 +201,14 @@ def test_pipeline_lanes_share_the_instance_and_tensor_parallel_steps_pay_the_all
     assert res.measured == 4
     assert res.ttft == pytest.approx([dm.prefill(1000, 4, pp=2).seconds] * 4, rel=1e-9)
     assert res.tpot == pytest.approx([dm.decode_step(1, 1005.5, 4, pp=2).seconds] * 4, rel=1e-9)
-    # an instance of 4 x 2 devices is two lanes, each with half the KV room of the eight devices
-    assert dm.kv_tokens(Parallel(4, 2)) == math.floor((8 * 100e9 - dm.weight_bytes) / dm.kv_per_token / 2)
+    # an instance of 4 x 2 devices is two lanes sharing the KV room of the eight devices (a request's KV is split
+    # over the stages by layer): a lane's batch is sized from half of it, but one request may take more
+    assert dm.kv_tokens(Parallel(4, 2)) == math.floor((8 * 100e9 - dm.weight_bytes) / dm.kv_per_token)
+    assert dm.lane_tokens(Parallel(4, 2)) == dm.kv_tokens(Parallel(4, 2)) / 2
+    small = DeviceModel(replace(TOY_HW, capacity=1e9), TOY, EXACT, None, TOY_LINKS)
+    room = small.kv_tokens(Parallel(1, 2))
+    assert room == (2 * 10**9 - 2 * 35_607_552) // 8192 == 235_447
+    big = stream_of([(1000.0 * k, 150_000, 3) for k in range(1, 5)])        # more than half the room each
+    served = simulate(SimPlan(Pool(small, Parallel(1, 2), 1)), big, 1.0, LOOSE)
+    assert served.measured == 3 and np.isfinite(served.e2e).all()
     assert len(make_stream(wl, 5).input) == 5

@@ -135,8 +135,13 @@ class DeviceModel:
         return self.memory_bytes(devices) - self.weight_bytes
 
     def kv_tokens(self, par: Parallel) -> int:
-        """Tokens of KV cache one lane of the instance holds (the instance's room split over its pp lanes)."""
-        return max(0, math.floor(self.kv_room(par.devices) / self.kv_per_token / par.pp))
+        """Tokens of KV cache an instance holds (its pp lanes share them: a request's KV is split over the
+        stages by layer, so one request may use the whole room)."""
+        return max(0, math.floor(self.kv_room(par.devices) / self.kv_per_token))
+
+    def lane_tokens(self, par: Parallel) -> float:
+        """An instance's KV room per lane, on average: what a lane's batch is sized from."""
+        return self.kv_tokens(par) / par.pp
 
     def parallel_problem(self, par: Parallel) -> str | None:
         """Why this hardware cannot run an instance of ``par``, or None."""
@@ -457,8 +462,14 @@ class Planner:
         self._prefill_cache: dict[tuple[str, Parallel], list[PhaseTime]] = {}
 
     def configs(self, hw: HardwareProfile) -> list[Parallel]:
+        """The parallel configurations to try on ``hw``: --tp x --pp; without --pp, pipeline stages (2, 4 of the
+        largest TP) only where no single-stage configuration holds the largest request."""
         dm = self.devices[hw.name]
-        return [p for p in parallel_configs(hw, self.tp_degrees, self.pp_degrees) if dm.parallel_problem(p) is None]
+        found = [p for p in parallel_configs(hw, self.tp_degrees, self.pp_degrees) if dm.parallel_problem(p) is None]
+        if self.pp_degrees is None and found and not any(dm.kv_tokens(p) >= self.largest_request for p in found):
+            top = max(p.tp for p in found)
+            found += [p for p in (Parallel(top, 2), Parallel(top, 4)) if dm.parallel_problem(p) is None]
+        return found
 
     def degrees(self, hw: HardwareProfile) -> Sequence[int]:
         return sorted({p.tp for p in self.configs(hw)})
@@ -474,7 +485,7 @@ class Planner:
     def _decode_pool(self, dm: DeviceModel, par: Parallel, busy: float = 0.0) -> tuple[int, Callable[[int], float]]:
         """Largest batch per lane the KV room (and the scheduler) allows and the TPOT at a batch (a step
         stretched by the share ``busy`` of time the lane spends on prefills, in aggregated serving)."""
-        max_batch = min(self.assume.max_batch, max(0, math.floor(dm.kv_tokens(par) / self.slot_tokens)))
+        max_batch = min(self.assume.max_batch, max(0, math.floor(dm.lane_tokens(par) / self.slot_tokens)))
         return max_batch, lambda b: dm.decode_step(b, self.decode_context, par.tp, par.pp).seconds / (1.0 - busy)
 
     # -- one plan ---------------------------------------------------------------------------------
@@ -663,7 +674,7 @@ class Planner:
         TPOT SLO would allow (``max batch`` when the scheduler's cap does), else the roof that binds a step at the
         largest batch meeting the TPOT."""
         if best >= max_batch:
-            room = math.floor(dm.kv_tokens(par) / self.slot_tokens)
+            room = math.floor(dm.lane_tokens(par) / self.slot_tokens)
             return "capacity" if room <= self.assume.max_batch else "max batch"
         return dm.decode_step(max(best, 1), self.decode_context, par.tp, par.pp).wall
 

@@ -133,7 +133,7 @@ def phase_rows(planner: Planner) -> list[list[str]]:
             rows.append([hw.name, f"> {top} ({need / 1e9:.0f} GB)"] + ["-"] * 8)
             continue
         pre = [dm.prefill(c.input, par.tp, c.cached, par.pp) for c in planner.mix]
-        b_max = max(1, min(planner.assume.max_batch, math.floor(dm.kv_tokens(par) / planner.slot_tokens)))
+        b_max = max(1, min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / planner.slot_tokens)))
         one = dm.decode_step(1, planner.decode_context, par.tp, par.pp)
         full = dm.decode_step(b_max, planner.decode_context, par.tp, par.pp)
         watts = par.devices * hw.power_watts if hw.power_watts else None
@@ -166,7 +166,7 @@ def input_rows(planner: Planner) -> list[list[str]]:
         configs = planner.configs(dm.hw)
         par = next((c for c in configs if dm.kv_tokens(c) >= planner.largest_request), configs[0] if configs else None)
         tp = par.tp if par else 1
-        full = max(1, min(planner.assume.max_batch, math.floor(dm.kv_tokens(par) / planner.slot_tokens))) if par else 1
+        full = max(1, min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / planner.slot_tokens))) if par else 1
         for b in sorted({1, full}):
             r = dm.kv_read_rate(ctx, dm.work(b, tp))
             rows.append([name, f"decode KV reads at {ctx:,} tokens, batch {b} (TP{tp})", r.origin, r.detail])

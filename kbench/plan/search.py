@@ -87,7 +87,7 @@ class Search:
         prefill = sum(c_.share * ((c_.input - c_.cached) * per_token + dm.prefill_attention(
             (c_.input - c_.cached) * c_.cached + (c_.input - c_.cached) ** 2 / 2, c_.input, par.tp)) for c_ in mix)
         alone_pre = sum(c_.share * dm.prefill(c_.input, par.tp, c_.cached, par.pp).seconds for c_ in mix)
-        b_max = max(1, min(pl.assume.max_batch, math.floor(dm.kv_tokens(par) / pl.slot_tokens)))
+        b_max = max(1, min(pl.assume.max_batch, math.floor(dm.lane_tokens(par) / pl.slot_tokens)))
         step_full = dm.decode_step(b_max, pl.decode_context, par.tp, par.pp).seconds
         decode = pl.mean_output * step_full / b_max
         alone_dec = pl.mean_output * dm.decode_step(1, pl.decode_context, par.tp, par.pp).seconds
@@ -355,7 +355,7 @@ class Search:
         plan.batch = round(res.mean_batch, 1) if res.mean_batch < 10 else round(res.mean_batch)
         dm = pl.devices[c.dhw.name]
         dpar = c.dpar if c.mode == "disaggregated" else c.ppar
-        plan.max_batch = min(pl.assume.max_batch, int(dm.kv_tokens(dpar) / pl.slot_tokens)) if pl.slot_tokens else 0
+        plan.max_batch = min(pl.assume.max_batch, int(dm.lane_tokens(dpar) / pl.slot_tokens)) if pl.slot_tokens else 0
         plan.prefill_wall, plan.decode_wall = screen.prefill_wall, screen.decode_wall
         plan.origins = screen.origins
         util = res.utilization

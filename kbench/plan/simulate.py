@@ -141,11 +141,11 @@ class SimPlan:
 
 class _Lane:
     """One lane: the scheduler state of an instance's micro-batch pipeline slot."""
-    __slots__ = ("role", "dm", "tp", "par", "waiting", "pre", "heap", "b", "steps", "ctx", "kv_used", "kv_cap",
+    __slots__ = ("role", "dm", "tp", "par", "waiting", "pre", "heap", "b", "steps", "ctx", "kv", "siblings",
                  "state", "version", "t0", "seg_a", "seg_q", "seg_k", "seg_A", "seg_kappa", "pieces", "busy",
                  "link_free", "pending", "cf", "wr", "kw", "comm1", "comm2", "comm_pp", "moe", "kappa", "index")
 
-    def __init__(self, role: int, pool: Pool, index: int, max_batch: int) -> None:
+    def __init__(self, role: int, pool: Pool, index: int, max_batch: int, kv: list[int]) -> None:
         dm, par = pool.dm, pool.par
         self.role, self.dm, self.tp, self.par, self.index = role, dm, par.tp, par, index
         self.waiting: deque[int] = deque()
@@ -153,8 +153,8 @@ class _Lane:
         self.heap: list[tuple[int, int]] = []  # decode batch: (step at which it finishes, rid)
         self.b = self.steps = 0
         self.ctx = 0.0                         # total context of the decode batch
-        self.kv_used = 0
-        self.kv_cap = dm.kv_tokens(par)
+        self.kv = kv                           # [tokens reserved, room]: shared by the pp lanes of the instance
+        self.siblings: list[_Lane] = []
         self.state, self.version = _IDLE, 0
         self.t0 = self.seg_a = self.seg_q = self.seg_A = self.seg_kappa = 0.0
         self.seg_k = 0
@@ -258,11 +258,9 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
     front: list[_Lane] = []
     back: list[_Lane] = []
     role = {None: _PREFILL if disagg else _BOTH, "prefill": _PREFILL, "decode": _DECODE}[only]
-    for i in range(plan.prefill.instances * plan.prefill.par.pp):
-        front.append(_Lane(role, plan.prefill, i, plan.max_batch))
+    front = _lanes(role, plan.prefill, plan.max_batch)
     if plan.decode is not None and only is None:
-        for i in range(plan.decode.instances * plan.decode.par.pp):
-            back.append(_Lane(_DECODE, plan.decode, i, plan.max_batch))
+        back = _lanes(_DECODE, plan.decode, plan.max_batch)
     lanes = front + back
     chunk, max_batch = plan.chunk, plan.max_batch
     rng = random.Random(seed)
@@ -306,7 +304,10 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
         nonlocal misses, stopped, seq
         finish[r] = now
         if lane is not None:
-            lane.kv_used -= need(r)
+            lane.kv[0] -= need(r)
+            for sib in lane.siblings:       # room freed for the instance's other lanes
+                if sib.state == _IDLE and sib.waiting:
+                    start(sib, now)
         if measured[r]:
             o = out[r]
             tp = (now - first[r]) / (o - 1) if o > 1 and not ttft_only else 0.0
@@ -323,21 +324,24 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
     def admit(lane: _Lane) -> None:
         w = lane.waiting
         if lane.role == _DECODE:
-            while w and lane.b < max_batch and lane.kv_used + need(w[0]) <= lane.kv_cap:
+            kv = lane.kv
+            while w and lane.b < max_batch and kv[0] + need(w[0]) <= kv[1]:
                 r = w.popleft()
-                lane.kv_used += need(r)
+                kv[0] += need(r)
                 heapq.heappush(lane.heap, (lane.steps + out[r] - 1, r))
                 lane.b += 1
                 lane.ctx += inp[r] + 1
         elif lane.role == _BOTH:
-            while w and len(lane.pre) + lane.b < max_batch and lane.kv_used + need(w[0]) <= lane.kv_cap:
+            kv = lane.kv
+            while w and len(lane.pre) + lane.b < max_batch and kv[0] + need(w[0]) <= kv[1]:
                 r = w.popleft()
-                lane.kv_used += need(r)
+                kv[0] += need(r)
                 lane.pre.append([r, inp[r] - cached[r]])
         else:
-            while w and lane.kv_used + inp[w[0]] <= lane.kv_cap:
+            kv = lane.kv
+            while w and kv[0] + inp[w[0]] <= kv[1]:
                 r = w.popleft()
-                lane.kv_used += inp[r]
+                kv[0] += inp[r]
                 lane.pre.append([r, inp[r] - cached[r]])
 
     def start(lane: _Lane, now: float) -> None:
@@ -425,7 +429,7 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
                 finish_request(None, x, now)
                 continue
             conv = first_of[x]
-            lane = home.get(conv) or pick(front, lambda ln: (ln.b + len(ln.waiting), ln.kv_used))
+            lane = home.get(conv) or pick(front, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
             if next_turn[x] >= 0:
                 home[conv] = lane
             arrive(lane, x, now)
@@ -443,16 +447,17 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
             arrive(lane, r, now)
         elif kind == 1:                                       # KV cache arrived at the decode pool
             r, src = x
-            src.kv_used -= inp[r]
-            if src.state == _IDLE and src.waiting:
-                start(src, now)
+            src.kv[0] -= inp[r]
+            for ln in (src, *src.siblings):
+                if ln.state == _IDLE and ln.waiting:
+                    start(ln, now)
             first[r] = now
             if out[r] <= 1 or only == "prefill":
                 finish[r] = now
                 finish_request(None, r, now, ttft_only=only == "prefill")
                 continue
             conv = first_of[r]
-            lane = home_back.get(conv) or pick(back, lambda ln: (ln.b + len(ln.waiting), ln.kv_used))
+            lane = home_back.get(conv) or pick(back, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
             if next_turn[r] >= 0:
                 home_back[conv] = lane
             else:
@@ -522,6 +527,19 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
                      output_tokens=int(sum(out[r] for r in idx if finish[r] == finish[r])), utilization=util,
                      mean_batch=mean_batch, stopped=stopped,
                      source=stream.source, index=idx)
+
+
+def _lanes(role: int, pool: Pool, max_batch: int) -> list[_Lane]:
+    """The lanes of a pool: pp per instance, sharing the instance's KV room."""
+    out = []
+    room = pool.dm.kv_tokens(pool.par)
+    for _ in range(pool.instances):
+        kv = [0, room]
+        lanes = [_Lane(role, pool, len(out) + j, max_batch, kv) for j in range(pool.par.pp)]
+        for ln in lanes:
+            ln.siblings = [x for x in lanes if x is not ln]
+        out += lanes
+    return out
 
 
 def _finish_due(lane: _Lane, now: float, inp, out, finish_request) -> None:

@@ -88,7 +88,7 @@ class Curve:
             return r_hi, w_hi
         r_lo, _ = self._along_seqlen([p for p in self.points if p.work == lo], seqlen)
         return (_log_between(work, lo, hi, r_lo, r_hi),
-                f"interpolated between {lo} and {hi} heads x requests per device ({w_hi.split(' ')[0]})")
+                f"interpolated between {lo} and {hi} heads x requests per device; at {hi}: {w_hi}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from kbench.plan.inputs import SLO, RequestClass, Workload
 from kbench.plan.model import DeviceModel, Parallel
@@ -142,7 +142,7 @@ class SimPlan:
 class _Lane:
     """One lane: the scheduler state of an instance's micro-batch pipeline slot."""
     __slots__ = ("role", "dm", "tp", "par", "waiting", "pre", "heap", "b", "steps", "ctx", "kv", "siblings",
-                 "state", "version", "t0", "seg_a", "seg_q", "seg_k", "seg_A", "seg_kappa", "pieces", "busy",
+                 "state", "version", "t0", "seg_a", "seg_q", "seg_k", "pieces", "busy",
                  "link_free", "pending", "cf", "wr", "kw", "comm1", "comm2", "comm_pp", "moe", "kappa", "index")
 
     def __init__(self, role: int, pool: Pool, index: int, max_batch: int, kv: list[int]) -> None:
@@ -156,7 +156,7 @@ class _Lane:
         self.kv = kv                           # [tokens reserved, room]: shared by the pp lanes of the instance
         self.siblings: list[_Lane] = []
         self.state, self.version = _IDLE, 0
-        self.t0 = self.seg_a = self.seg_q = self.seg_A = self.seg_kappa = 0.0
+        self.t0 = self.seg_a = self.seg_q = 0.0
         self.seg_k = 0
         self.pieces: list[tuple[list[int], int]] = []
         self.busy = 0.0
@@ -255,13 +255,9 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
 
     only = plan.only
     disagg = plan.decode is not None or only == "prefill"
-    front: list[_Lane] = []
-    back: list[_Lane] = []
     role = {None: _PREFILL if disagg else _BOTH, "prefill": _PREFILL, "decode": _DECODE}[only]
     front = _lanes(role, plan.prefill, plan.max_batch)
-    if plan.decode is not None and only is None:
-        back = _lanes(_DECODE, plan.decode, plan.max_batch)
-    lanes = front + back
+    back = _lanes(_DECODE, plan.decode, plan.max_batch) if plan.decode is not None and only is None else []
     chunk, max_batch = plan.chunk, plan.max_batch
     rng = random.Random(seed)
     home: dict[int, _Lane] = {}              # conversation -> the lane of its previous turn (prefix cache affinity)

@@ -1,5 +1,6 @@
-"""``kbench plan``: aggregated vs disaggregated serving plans per hardware type, ranked by goodput per device,
-per dollar and per joule (model, assumptions and a worked example: docs/plan.md)."""
+"""``kbench plan``: aggregated vs disaggregated serving plans per hardware type, screened by a mean-value model
+and decided by an iteration-level simulation (tail latencies, SLO attainment), ranked by goodput per device,
+per dollar, per joule or output tokens per device (model, assumptions, validation: docs/plan.md)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import click
 
 from kbench.tables import FORMATS, render
 
-RANK_BY = ("dollar", "device", "joule")
+RANK_BY = ("dollar", "device", "joule", "output")
 
 
 @click.command("plan")
@@ -23,18 +24,29 @@ RANK_BY = ("dollar", "device", "joule")
                    "of a --results file, with its calibrated roofs.")
 @click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of extra hardware profiles (format of kbench/data/hardware.yaml).")
-@click.option("-w", "--workload", "workload_name", required=True, metavar="NAME",
-              help="chat, rag, coding-agent, splitwise-coding, splitwise-conversation, or one from --workload-file.")
+@click.option("-w", "--workload", "workload_name", metavar="NAME",
+              help="chat, rag, coding-agent, coding-agent-session, chat-multiturn, splitwise-coding, "
+                   "splitwise-conversation, or one from --workload-file (or give --isl/--osl, or --arrivals trace:).")
 @click.option("--workload-file", "workload_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of workloads (format of kbench/data/workloads.yaml).")
+@click.option("--isl", type=click.IntRange(min=1), help="Input tokens per request: a one-class workload (with --osl).")
+@click.option("--osl", type=click.IntRange(min=1), help="Output tokens per request (with --isl).")
 @click.option("--slo", "slo", metavar="ttft=T,tpot=T", help="Override the workload's SLOs, e.g. ttft=2s,tpot=50ms.")
 @click.option("--attainment", type=click.FloatRange(0.01, 1.0), help="Fraction of requests that must meet the SLO "
               "(default: the workload's, usually 0.9).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True),
-              help="Requests per second (default: the workload's).")
+              help="Requests per second (default: the workload's; a trace's own rate).")
+@click.option("--arrivals", metavar="poisson|gamma:CV|trace:PATH",
+              help="Arrival process: Poisson, Gamma gaps with coefficient of variation CV, or a replayed trace "
+                   "(CSV/JSON lines of arrival, input, output).")
+@click.option("--prefix-cache", type=click.FloatRange(0.0, 0.999), help="Fraction of each prompt found in the "
+              "prefix cache (shared context), overriding the workload's.")
+@click.option("--turns", type=click.IntRange(1, 1000), help="Requests per conversation; later turns carry the "
+              "earlier ones as cached context.")
+@click.option("--think-time", metavar="DURATION", help="Mean time between a turn's answer and the next turn.")
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
-              help="Result files of `kbench run`: measured attention and decode rates replace roofline figures "
-                   "on the hardware they were measured on. Repeatable.")
+              help="Result files of `kbench run`: measured attention and decode rates (and sustained-loop power) "
+                   "replace roofline figures on the hardware they were measured on. Repeatable.")
 @click.option("--price", "prices", multiple=True, metavar="NAME=USD",
               help="Price per device-hour, overriding the profile's list price, e.g. h100-sxm=2.5. Repeatable.")
 @click.option("--interconnect", "links", multiple=True, metavar="NAME[,NAME]",
@@ -42,7 +54,9 @@ RANK_BY = ("dollar", "device", "joule")
 @click.option("--interconnect-file", "link_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of interconnect profiles (format of kbench/data/interconnects.yaml).")
 @click.option("--rank-by", type=click.Choice(RANK_BY), default="dollar", show_default=True,
-              help="Goodput per dollar, per device or per joule.")
+              help="Goodput per dollar, per device or per joule, or output tokens per second per device.")
+@click.option("--devices", type=click.IntRange(min=1), help="A fixed cluster of N devices: find the highest rate "
+              "each plan serves within the SLO on at most N devices (instead of pools sized for --rate).")
 @click.option("--weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--compute-efficiency", type=click.FloatRange(0.01, 1.0), default=0.6, show_default=True,
@@ -50,60 +64,94 @@ RANK_BY = ("dollar", "device", "joule")
 @click.option("--bandwidth-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of the datasheet memory bandwidth (where nothing was measured).")
 @click.option("--link-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
-              help="Assumed fraction of an interconnect's bandwidth a KV transfer reaches.")
+              help="Assumed fraction of an interconnect's bandwidth a KV transfer or an all-reduce reaches.")
 @click.option("--usable", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True,
               help="Fraction of device memory for weights and KV cache.")
 @click.option("--tp", "tp", metavar="N[,N]", help="Tensor-parallel degrees to try per instance (default 1,2,4,8; "
               "1 on CPUs).")
+@click.option("--pp", "pp", metavar="N[,N]", help="Pipeline-parallel degrees to try (default 1), e.g. 1,2.")
+@click.option("--chunk", type=click.IntRange(min=16), default=8192, show_default=True,
+              help="Tokens per iteration (decode tokens plus prompt chunks): the scheduler's token budget.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Most requests an instance's scheduler runs at once.")
+@click.option("--simulate", "n_sim", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Simulate the screen's best N choices (0: the mean-value screen alone).")
+@click.option("--requests", type=click.IntRange(min=100, max=200_000), default=4000, show_default=True,
+              help="Requests per whole-plan simulation (the search for one instance's rate uses up to 1,500).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals and lengths.")
 @click.option("--top", type=click.IntRange(min=0), default=12, show_default=True,
               help="Plans to print (0: all).")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write plan-pareto.png (cost vs TTFT and TPOT, Pareto front) into this directory.")
+              help="Write plan-pareto.png (cost vs TTFT and TPOT, Pareto front) and plan-latency.png (simulated "
+                   "TTFT and TPOT distributions) into this directory.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.pass_obj
-def plan_command(pm, model_name, model_files, hardware, hardware_files, workload_name, workload_files, slo,
-                 attainment, rate, results, prices, links, link_files, rank_by, weights, kv, compute_efficiency,
-                 bandwidth_efficiency, link_efficiency, usable, tp, top, plot_dir, fmt):
+def plan_command(pm, model_name, model_files, hardware, hardware_files, workload_name, workload_files, isl, osl,
+                 slo, attainment, rate, arrivals, prefix_cache, turns, think_time, results, prices, links, link_files,
+                 rank_by, devices, weights, kv, compute_efficiency, bandwidth_efficiency, link_efficiency, usable,
+                 tp, pp, chunk, max_batch, n_sim, requests, seed, top, plot_dir, fmt):
     """Serving plans for MODEL under WORKLOAD: every hardware type aggregated (both phases on one pool) and
-    every disaggregated pair (prefill pool on X, decode pool on Y, KV cache moved over an interconnect),
-    with pool sizes, TTFT/TPOT against the SLO, goodput per device, per dollar and per joule, cost and
-    energy per million tokens and the binding wall of each phase. Exit 2 with the closest plans when no
-    plan meets the SLO.
+    every disaggregated pair (prefill pool on X, decode pool on Y, KV cache moved over an interconnect). A
+    mean-value screen sizes every choice; the best are simulated iteration by iteration (continuous batching,
+    chunked prefill, queueing, KV transfer) and ranked on the simulated P50/P90/P99 TTFT and TPOT and SLO
+    attainment, with goodput per device, per dollar and per joule, output tokens per device, cost and energy
+    per million tokens. Exit 2 with the closest plans when no plan meets the SLO.
     """
     from kbench.errors import BadInput
     from kbench.hardware import load_profiles
-    from kbench.plan.inputs import (builtin_interconnects, builtin_workloads, load_interconnects, load_workloads,
+    from kbench.plan.inputs import (SLO, RequestClass, Workload, builtin_interconnects, builtin_workloads,
+                                    load_interconnects, load_workloads, mix_of_trace, parse_arrivals, parse_duration,
                                     parse_prices, parse_slo, with_price)
     from kbench.plan.measured import MeasuredRates, load_rates
-    from kbench.plan.model import Assumptions, Planner, best_per_choice
-    from kbench.plan.report import (PHASE_HEADERS, input_rows, phase_rows, plan_json, plot_pareto, sensitivity,
-                                    table_headers, table_rows)
+    from kbench.plan.model import Assumptions, DeviceModel, Planner, best_per_choice
+    from kbench.plan.report import (PHASE_HEADERS, input_rows, phase_rows, plan_json, plot_latency, plot_pareto,
+                                    sensitivity, table_headers, table_rows)
     from kbench.roofline import builtin_models, check_dtype, load_models, pick, split_names
 
     known_models = {m.name: m for m in builtin_models()}
     for path in model_files:
         known_models.update({m.name: m for m in load_models(path)})
     model = pick([model_name], known_models, "model", "--model")[0]
-    known_wl = {w.name: w for w in builtin_workloads()}
-    for path in workload_files:
-        known_wl.update({w.name: w for w in load_workloads(path)})
-    workload = pick([workload_name], known_wl, "workload", "--workload")[0]
+    arrival = parse_arrivals(arrivals)
+    if (isl is None) != (osl is None):
+        raise BadInput("--isl and --osl go together", where="--isl/--osl", fix="give both, e.g. --isl 8000 --osl 1000")
+    if isl is not None:
+        if workload_name:
+            raise BadInput("--workload and --isl/--osl both name a workload", where="--workload",
+                           fix="give one of them")
+        workload = Workload(f"isl{isl}-osl{osl}", f"{isl:,} in / {osl:,} out", rate or 1.0,
+                            (RequestClass(1.0, isl, osl),), SLO(2.0, 0.05), 0.9)
+    elif workload_name:
+        known_wl = {w.name: w for w in builtin_workloads()}
+        for path in workload_files:
+            known_wl.update({w.name: w for w in load_workloads(path)})
+        workload = pick([workload_name], known_wl, "workload", "--workload")[0]
+    elif arrival is not None and arrival.trace is not None:
+        workload = Workload("trace", f"trace {arrival.trace.path}", arrival.trace.rate, mix_of_trace(arrival.trace),
+                            SLO(2.0, 0.05), 0.9, arrivals=arrival)
+    else:
+        raise BadInput("no workload", where="--workload",
+                       fix="give --workload NAME, --isl N --osl N, or --arrivals trace:PATH")
+    if arrival is not None:
+        workload = replace(workload, arrivals=arrival)
+    trace = workload.arrivals.trace
+    if trace is not None:
+        workload = replace(workload, mix=mix_of_trace(trace), rate=rate or trace.rate)
     workload = replace(workload, slo=parse_slo(slo, workload.slo), attainment=attainment or workload.attainment,
-                       rate=rate or workload.rate)
+                       rate=rate or workload.rate,
+                       prefix_cache=workload.prefix_cache if prefix_cache is None else prefix_cache,
+                       turns=turns or workload.turns,
+                       think_time=parse_duration(think_time, "--think-time") if think_time else workload.think_time)
     known_links = {i.name: i for i in builtin_interconnects()}
     for path in link_files:
         known_links.update({i.name: i for i in load_interconnects(path)})
     chosen_links = [i.name for i in pick(split_names(links), known_links, "interconnect", "--interconnect")]
     check_dtype(weights, "--weights")
     check_dtype(kv, "--kv")
-    degrees = None
-    if tp:
-        try:
-            degrees = sorted({int(x) for x in split_names([tp])})
-        except ValueError:
-            degrees = [0]
-        if not degrees or min(degrees) < 1:
-            raise BadInput(f"bad --tp {tp!r}", where="--tp", fix="give positive integers, e.g. --tp 1,2,4,8")
+    degrees = _degrees(tp, "--tp", BadInput)
+    pp_degrees = _degrees(pp, "--pp", BadInput)
+    if devices and not n_sim:
+        raise BadInput("--devices needs the simulation", where="--simulate", fix="leave --simulate at 1 or more")
 
     measured = load_rates(results) if results else MeasuredRates({}, {})
     known_hw = dict(pm.registry.hardware)
@@ -122,15 +170,14 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
     chosen_hw = pick(hw_names, known_hw, "hardware profile", "--hardware")
 
     assume = Assumptions(compute_efficiency=compute_efficiency, bandwidth_efficiency=bandwidth_efficiency,
-                         link_efficiency=link_efficiency, usable_memory=usable, weights=weights, kv=kv)
+                         link_efficiency=link_efficiency, usable_memory=usable, weights=weights, kv=kv, chunk=chunk,
+                         max_batch=max_batch)
 
     def planner_for(a: Assumptions) -> Planner:
         return Planner(model, workload, chosen_hw, known_links, a, measured, links=chosen_links or None,
-                       tp_degrees=degrees)
+                       tp_degrees=degrees, pp_degrees=pp_degrees)
 
     if not split_names(hardware):   # by default, every GPU profile that has the figures for this precision
-        from kbench.plan.model import DeviceModel
-
         chosen_hw = [hw for hw in chosen_hw if DeviceModel(hw, model, assume).usable]
     planner = planner_for(assume)
     for name, dm in planner.devices.items():
@@ -144,29 +191,62 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
         reasons = sorted({p.reason for p in plans if p.reason})
         raise BadInput(f"workload {workload.name!r} does not fit any plan of {model.name}: " + "; ".join(reasons[:4]),
                        where="--workload",
-                       fix="add hardware with more memory, a larger --tp, --kv fp8, or a workload with shorter "
-                           "requests")
-    shares = [c.share for c in workload.mix]
-    ranked = best_per_choice(plans, rank_by)
+                       fix="add hardware with more memory, a larger --tp or --pp, --kv fp8, or a workload with "
+                           "shorter requests")
+    shares = planner.shares
+    screened = best_per_choice(plans, rank_by)
+    search = None
+    sim_note = ""
+    ranked = screened
+    if n_sim and not any(p.meets for p in screened):
+        sim_note = "not simulated: no plan meets the SLO in the screen (its closest plans are shown)"
+        n_sim = 0
+    elif n_sim:
+        from kbench.plan.search import simulate_plans
+
+        simulated, search = simulate_plans(planner, plans, rank_by, top=n_sim, requests=requests,
+                                           search_requests=min(requests, 1500), seed=seed, devices=devices)
+        if any(p.meets for p in simulated):
+            ranked = sorted(simulated, key=lambda p: _sim_key(p, rank_by))
+        else:
+            sim_note = (f"the simulation found no plan meeting the SLO among the screen's best {n_sim} choices "
+                        "(the screen's closest plans are shown)")
+            n_sim = 0
     meeting = [p for p in ranked if p.meets]
     shown = (meeting or ranked)[: top or None]
+    mode = "devices" if devices else "rate"
     if fmt == "json":
         click.echo(json.dumps({"model": model.name, "workload": workload.name, "rate": workload.rate,
                                "slo": {"ttft_s": workload.slo.ttft, "tpot_s": workload.slo.tpot,
                                        "attainment": workload.attainment}, "rank_by": rank_by,
+                               "arrivals": workload.arrivals.label, "prefix_cache": workload.prefix_cache,
+                               "turns": workload.turns, "devices": devices, "sizing": mode,
+                               "simulations": search.simulations if search else 0, "note": sim_note or None,
                                "assumptions": assume.__dict__, "meets_slo": bool(meeting),
                                "plans": [plan_json(p, shares) for p in shown],
+                               "screen": [plan_json(p, shares) for p in screened[: top or None]],
                                "phases": [dict(zip(PHASE_HEADERS, r)) for r in phase_rows(planner)],
                                "inputs": [dict(zip(("hardware", "rate", "origin", "detail"), r))
                                           for r in input_rows(planner)]}, indent=1))
     else:
-        mix = ", ".join(f"{c.share:.0%} {c.input:,} in / {c.output:,} out" for c in workload.mix)
-        click.echo(f"{model.title} on {workload.title}: {workload.rate:g} req/s ({mix}); SLO TTFT <= "
-                   f"{workload.slo.ttft:g} s, TPOT <= {workload.slo.tpot * 1e3:g} ms for {workload.attainment:.0%} "
-                   f"of requests; weights {weights}, KV {kv}; ranked by goodput per {rank_by}\n")
+        mix = ", ".join(f"{c.share:.0%} {c.input:,} in / {c.output:,} out" for c in workload.mix[:6])
+        if len(workload.mix) > 6:
+            mix += f", ... ({len(workload.mix)} classes)"
+        extra = []
+        if workload.prefix_cache:
+            extra.append(f"{workload.prefix_cache:.0%} of prompts in the prefix cache")
+        if workload.turns > 1:
+            extra.append(f"conversations of {workload.turns} turns, {workload.think_time:g} s think time")
+        sizing = (f"the most {devices} devices serve" if devices else f"{workload.rate:g} req/s")
+        click.echo(f"{model.title} on {workload.title}: {sizing} ({mix}); {workload.arrivals.label}"
+                   f"{'; ' + '; '.join(extra) if extra else ''}; SLO TTFT <= {workload.slo.ttft:g} s, TPOT <= "
+                   f"{workload.slo.tpot * 1e3:g} ms for {workload.attainment:.0%} of requests; weights {weights}, "
+                   f"KV {kv}; ranked by {_rank_name(rank_by)}\n")
+        if sim_note:
+            click.echo(sim_note + "\n")
         if not meeting:
             click.echo("no plan meets the SLO; the closest plans:\n")
-        click.echo(render(table_headers(workload.attainment), table_rows(shown, shares), fmt))
+        click.echo(render(table_headers(workload.attainment, simulated=bool(n_sim)), table_rows(shown, shares), fmt))
         if fmt in ("table", "markdown"):
             if not meeting:
                 for i, p in enumerate(shown, 1):
@@ -177,28 +257,70 @@ def plan_command(pm, model_name, model_files, hardware, hardware_files, workload
                     click.echo(f"\n{len(missing)} other choices do not meet the SLO, e.g.:")
                     for p in missing[:3]:
                         click.echo(f"  {p.label}: {p.reason}")
-            click.echo("\ngoodput: requests/s meeting the SLO. req/$: per dollar of device-hours; req/MJ: per "
-                       "megajoule at every device's TDP. $/Mtok, kWh/Mtok: per million tokens (input + output) of "
-                       "requests meeting the SLO. TTFT pNN: mean wait + prefill (+ KV transfer) of the class within which NN% of "
-                       "requests fall (the attainment). batch: "
-                       "decode batch per instance / the most the KV room allows. wall: the roof binding each phase "
-                       "(capacity: the decode batch is limited by memory).")
-            click.echo("\nper hardware type and phase (at the smallest tensor-parallel degree holding the weights and "
-                       "the largest request; full: the batch the KV room allows; J at TDP):")
+            if n_sim:
+                click.echo(f"\nsimulated: {search.simulations} simulations ({requests:,} requests per whole plan, "
+                           f"{workload.arrivals.label}, seed {seed}; the first and last {10}% of requests left out). "
+                           "TTFT/TPOT: percentiles of requests (TPOT: each request's mean time per output token after "
+                           "the first; TTFT includes the KV transfer of disaggregated plans). out tok/s/dev: output "
+                           "tokens per second per device at the rate served. batch: mean decode batch per lane / the "
+                           "most its KV room holds. kWh/Mtok: per million tokens of requests meeting the SLO, at "
+                           "TDP (marked) or measured power. SLO met: simulated attainment.")
+                click.echo("\nthe mean-value screen's best choices (what the simulation started from):")
+                click.echo(render(table_headers(workload.attainment), table_rows(screened[:6], shares), fmt))
+            else:
+                click.echo("\ngoodput: requests/s meeting the SLO. req/$: per dollar of device-hours; req/MJ: per "
+                           "megajoule at every device's TDP. $/Mtok, kWh/Mtok: per million tokens (input + output) "
+                           "of requests meeting the SLO. TTFT pNN: mean wait + prefill (+ KV transfer) of the class "
+                           "within which NN% of requests fall (the attainment). batch: decode batch per lane / the "
+                           "most the KV room allows. wall: the roof binding each phase (capacity: the decode batch "
+                           "is limited by memory).")
+            click.echo("\nper hardware type and phase (at the smallest parallel configuration holding the weights "
+                       "and the largest request; full: the batch the KV room allows; J at TDP):")
             click.echo(render(PHASE_HEADERS, phase_rows(planner), fmt))
             click.echo("\nrates used (measured: a result file; calibrated: `kbench calibrate` roofs; roofline: the "
                        "datasheet times an assumed efficiency):")
             click.echo(render(("hardware", "rate", "from", "value"), input_rows(planner), fmt))
-            if meeting:
-                click.echo("\nhow much the assumed efficiencies move the answer:")
+            click.echo(f"\nscheduler: token budget {assume.chunk:,} per iteration, at most {assume.max_batch} "
+                       "requests per instance, KV room reserved for the whole request at admission")
+            if any(p.meets for p in screened) and not devices:
+                click.echo("\nhow much the assumed efficiencies move the screen's answer:")
                 for line in sensitivity(planner_for, assume, rank_by):
                     click.echo(f"  {line}")
     if plot_dir is not None:
         plot_dir.mkdir(parents=True, exist_ok=True)
-        path = plot_pareto(plans, shares, str(plot_dir / "plan-pareto.png"),
-                           title=f"{model.title}, {workload.title}: plans meeting the SLO")
+        title = f"{model.title}, {workload.title}"
+        path = plot_pareto(ranked if n_sim else plans, shares, str(plot_dir / "plan-pareto.png"),
+                           title=f"{title}: plans meeting the SLO")
         click.echo(f"\nplot: {path}", err=True)
+        if n_sim:
+            path = plot_latency(ranked, str(plot_dir / "plan-latency.png"), title=f"{title}: simulated latencies")
+            click.echo(f"plot: {path}", err=True)
     if not meeting:
         raise BadInput(f"no plan meets the SLO (TTFT <= {workload.slo.ttft:g} s, TPOT <= {workload.slo.tpot * 1e3:g} "
                        f"ms for {workload.attainment:.0%} of requests); the closest plans are listed above",
                        where="--slo", fix="relax --slo or --attainment, add faster hardware, or lower --rate")
+
+
+def _degrees(text: str | None, option: str, error) -> list[int] | None:
+    from kbench.roofline import split_names
+
+    if not text:
+        return None
+    try:
+        found = sorted({int(x) for x in split_names([text])})
+    except ValueError:
+        found = [0]
+    if not found or min(found) < 1:
+        raise error(f"bad {option} {text!r}", where=option, fix=f"give positive integers, e.g. {option} 1,2,4,8")
+    return found
+
+
+def _rank_name(by: str) -> str:
+    return "output tokens per second per device" if by == "output" else f"goodput per {by}"
+
+
+def _sim_key(p, by: str) -> tuple:
+    value = p.metric(by)
+    if p.meets:
+        return (0, -(value if value is not None else -1.0), p.devices)
+    return (1, -p.attainment, p.devices)

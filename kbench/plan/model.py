@@ -1,15 +1,17 @@
-"""The serving model behind `kbench plan`: time per prefill and per decode step on one hardware type,
-KV-cache capacity, pool sizes, TTFT/TPOT, goodput, cost and energy, for aggregated and disaggregated
-serving. Formulas, assumptions and a worked example: docs/plan.md.
+"""The serving model behind `kbench plan`: the time of a prefill, a decode step or a mixed iteration on one
+instance of a hardware type (tensor-parallel all-reduces and pipeline stages included), KV-cache capacity,
+and the mean-value screen that sizes aggregated and disaggregated pools (M/G/1 prefill queue, fluid decode).
+The iteration-level simulation (:mod:`kbench.plan.simulate`) uses the same times. Formulas, assumptions and a
+worked example: docs/plan.md.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from kbench.hardware import HardwareProfile
-from kbench.plan.inputs import Interconnect, Workload
+from kbench.plan.inputs import Interconnect, ServedClass, Workload
 from kbench.plan.measured import MeasuredRates
 from kbench.roofline import (DTYPE_BYTES, ModelConfig, attention_flops_per_pair, kv_bytes_per_token, param_count,
                              weights_touched)
@@ -17,20 +19,26 @@ from kbench.roofline.analysis import peak_names
 
 #: tensor-parallel degrees tried per instance (one server of 8 GPUs at most; CPUs run one instance per machine)
 TP_DEGREES = (1, 2, 4, 8)
+#: devices per server: tensor parallelism stays inside one; pipeline stages beyond it talk over the network
+NODE_DEVICES = 8
 #: largest pool the search considers (instances); a plan needing more is reported as not meeting the SLO
 MAX_INSTANCES = 1 << 20
+#: bytes per activation element crossing an all-reduce or a pipeline boundary (bf16 activations)
+ACTIVATION_BYTES = 2
 
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What the plan assumes where nothing was measured (each is printed with the plan)."""
+    """What the plan assumes where nothing was measured, and the scheduler it plans for (each is printed)."""
     compute_efficiency: float = 0.6     # fraction of the datasheet matmul peak reached
     bandwidth_efficiency: float = 0.8   # fraction of the datasheet memory bandwidth reached
-    link_efficiency: float = 0.8        # fraction of an interconnect's bandwidth reached by a KV transfer
+    link_efficiency: float = 0.8        # fraction of an interconnect's bandwidth reached (KV transfer, all-reduce)
     usable_memory: float = 0.9          # fraction of device memory for weights + KV (the rest: activations, runtime)
-    max_utilization: float = 0.8        # busiest a prefill instance may be (the queue grows without bound at 1)
+    max_utilization: float = 0.8        # busiest a prefill instance may be in the screen (the queue grows without bound at 1)
     weights: str = "bf16"
     kv: str = "bf16"
+    chunk: int = 8192                   # tokens per iteration (decode tokens + prefill chunk), TensorRT-LLM's max_num_tokens
+    max_batch: int = 512                # requests per instance the scheduler admits at most
 
     def scaled(self, factor: float) -> Assumptions:
         """The assumed efficiencies times ``factor`` (capped at 1): the sensitivity check."""
@@ -47,20 +55,45 @@ class Rate:
     detail: str
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """One instance: ``tp`` devices in tensor parallel times ``pp`` pipeline stages. A pipeline keeps ``pp``
+    micro-batches in flight, so the instance serves as ``pp`` lanes, each with the step time of the whole model
+    on ``tp`` devices plus the stage-to-stage transfers, sharing the instance's KV room."""
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def label(self) -> str:
+        return f"TP{self.tp}" + (f" PP{self.pp}" if self.pp > 1 else "")
+
+
 class DeviceModel:
-    """The rates of one hardware type for one model: matmul, memory, attention (prefill) and KV reads (decode).
+    """The rates of one hardware type for one model: matmul, memory, attention (prefill), KV reads (decode)
+    and the links that tensor- and pipeline-parallel instances talk over.
 
     Matmuls and weight reads are always roofline figures: the datasheet roof times an assumed efficiency, or a
     calibrated roof (`kbench calibrate`, which measured a GEMM and a copy on the machine) taken as reached.
-    Prefill attention and decode KV reads come from measured kernels when result files cover this hardware.
+    Prefill attention and decode KV reads come from measured kernels when result files cover this hardware
+    (decode only at the parallel work it was measured at: batch x KV heads per device).
     """
 
     def __init__(self, hw: HardwareProfile, model: ModelConfig, assume: Assumptions,
-                 measured: MeasuredRates | None = None) -> None:
+                 measured: MeasuredRates | None = None,
+                 interconnects: Mapping[str, Interconnect] | None = None) -> None:
         self.hw, self.model, self.assume, self.measured = hw, model, assume, measured
         self.params = param_count(model)
         self.weight_bytes = self.params.total * DTYPE_BYTES[assume.weights]
         self.kv_per_token = kv_bytes_per_token(model, assume.kv)
+        self.pair_flops = {ph: attention_flops_per_pair(model, ph) for ph in ("prefill", "decode")}
+        links = [interconnects[n] for n in hw.interconnects if interconnects and n in interconnects]
+        #: the link inside a server (all-reduces) and between servers (pipeline stages beyond one server)
+        self.node_link = next((x for x in links if x.scope == "node"), None)
+        self.net_link = next((x for x in links if x.scope == "network"), None)
         names = peak_names(assume.weights)
         peak = next((hw.peak(n) for n in names if hw.peak(n)), None)
         if peak:
@@ -81,66 +114,167 @@ class DeviceModel:
         else:
             self.memory = None
         group = model.heads_q / model.heads_kv
-        head_dim = model.head_dim
         self._attn = self._decode = None
         if measured is not None:
-            self._attn = measured.curve(hw.name, "prefill-attention", group=group, head_dim=head_dim,
+            self._attn = measured.curve(hw.name, "prefill-attention", group=group, head_dim=model.head_dim,
                                         dtype=assume.kv)
-            self._decode = measured.curve(hw.name, "decode-attention", group=group, head_dim=head_dim,
+            self._decode = measured.curve(hw.name, "decode-attention", group=group, head_dim=model.head_dim,
                                           dtype=assume.kv)
+        self._attn_cache: dict[int, Rate] = {}
+        self._weights_cache: dict[int, float] = {}
 
     @property
     def usable(self) -> bool:
         return self.compute is not None and self.memory is not None and bool(self.hw.capacity)
 
-    def memory_bytes(self, tp: int) -> float:
-        return tp * (self.hw.capacity or 0.0) * self.assume.usable_memory
+    def memory_bytes(self, devices: int) -> float:
+        return devices * (self.hw.capacity or 0.0) * self.assume.usable_memory
 
-    def kv_room(self, tp: int) -> float:
-        """Bytes left for KV caches on ``tp`` devices once the weights are loaded."""
-        return self.memory_bytes(tp) - self.weight_bytes
+    def kv_room(self, devices: int) -> float:
+        """Bytes left for KV caches on ``devices`` devices once the weights are loaded."""
+        return self.memory_bytes(devices) - self.weight_bytes
+
+    def kv_tokens(self, par: Parallel) -> int:
+        """Tokens of KV cache an instance holds (its pp lanes share them: a request's KV is split over the
+        stages by layer, so one request may use the whole room)."""
+        return max(0, math.floor(self.kv_room(par.devices) / self.kv_per_token))
+
+    def lane_tokens(self, par: Parallel) -> float:
+        """An instance's KV room per lane, on average: what a lane's batch is sized from."""
+        return self.kv_tokens(par) / par.pp
+
+    def parallel_problem(self, par: Parallel) -> str | None:
+        """Why this hardware cannot run an instance of ``par``, or None."""
+        if par.tp > NODE_DEVICES:
+            return f"tensor parallelism stays within a server of {NODE_DEVICES} devices"
+        if par.tp > 1 and self.node_link is None:
+            return f"{self.hw.name} lists no link inside a server for tensor-parallel all-reduces"
+        if par.pp > 1 and par.devices > NODE_DEVICES and self.net_link is None and self.node_link is not None:
+            return f"{self.hw.name} lists no network link for pipeline stages across servers"
+        return None
 
     def attention_rate(self, seqlen: int) -> Rate:
-        if self._attn is not None:
+        if self._attn is None:
+            return self.compute
+        found = self._attn_cache.get(seqlen)
+        if found is None:
             value, where = self._attn.at(seqlen)
-            return Rate(value, "measured", f"{value / 1e12:.3g} TFLOP/s measured ({where}; {self._attn.file})")
-        return self.compute
+            found = Rate(value, "measured", f"{value / 1e12:.3g} TFLOP/s measured ({where}; {self._attn.file})")
+            self._attn_cache[seqlen] = found
+        return found
 
-    def kv_read_rate(self, context: int) -> Rate:
+    def work(self, batch: float, tp: int) -> float:
+        """(request, KV head) pairs one device works on in a decode step of ``batch`` requests."""
+        return batch * max(1.0, self.model.heads_kv / tp)
+
+    def kv_read_rate(self, context: int, work: float | None = None) -> Rate:
+        """The KV-read rate of a decode step over ``context`` cached tokens per request and ``work`` (request, KV
+        head) pairs per device: measured where a result file covers that work, else the bandwidth roof."""
         if self._decode is not None:
-            value, where = self._decode.at(context)
-            return Rate(value, "measured", f"{value / 1e9:.3g} GB/s measured ({where}; {self._decode.file})")
+            found = self._decode.at(context, work)
+            if found is not None:
+                value, where = found
+                return Rate(value, "measured", f"{value / 1e9:.3g} GB/s measured ({where}; {self._decode.file})")
+            top = self._decode.works[-1]
+            return replace(self.memory, detail=self.memory.detail + f" (measured only up to {top} heads x requests "
+                                                                    f"per device, {work:g} here)")
         return self.memory
+
+    # -- the pieces of an iteration --------------------------------------------------------------------
+
+    def weights_read(self, tokens: int) -> float:
+        """Bytes of weights a forward pass over ``tokens`` tokens reads (MoE: the experts they reach)."""
+        if self.model.moe is None:
+            return self.weight_bytes
+        found = self._weights_cache.get(tokens)
+        if found is None:
+            found = weights_touched(self.model, self.params, tokens) * DTYPE_BYTES[self.assume.weights]
+            self._weights_cache[tokens] = found
+        return found
+
+    def allreduce(self, nbytes: float, tp: int) -> float:
+        """One all-reduce of ``nbytes`` over ``tp`` devices joined by the server's link: the faster of one-shot
+        (every device reads the other tp-1 buffers: latency + (tp-1) S / bw) and two-shot (reduce-scatter then
+        all-gather: (tp-1) latencies + 2 (tp-1)/tp S / bw), as TensorRT-LLM's custom all-reduce switches."""
+        if tp <= 1:
+            return 0.0
+        link = self.node_link
+        bw = link.bandwidth * self.assume.link_efficiency
+        one_shot = link.latency + (tp - 1) * nbytes / bw
+        two_shot = (tp - 1) * link.latency + 2 * (tp - 1) / tp * nbytes / bw
+        return min(one_shot, two_shot)
+
+    def comm_lines(self, par: Parallel) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """Communication of a forward pass over n tokens as ``min(a1 + b1 n, a2 + b2 n) + a3 + b3 n``: two
+        all-reduces per layer (after attention and after the MLP; one-shot and two-shot lines) and, with
+        pipeline stages, pp-1 transfers of the activations between stages."""
+        per_token = self.model.hidden * ACTIVATION_BYTES
+        ar = 2 * self.model.layers
+        lines = [(0.0, 0.0), (0.0, 0.0), (0.0, 0.0)]
+        if par.tp > 1:
+            link, t = self.node_link, par.tp
+            bw = link.bandwidth * self.assume.link_efficiency
+            lines[0] = (ar * link.latency, ar * (t - 1) * per_token / bw)
+            lines[1] = (ar * (t - 1) * link.latency, ar * 2 * (t - 1) / t * per_token / bw)
+        if par.pp > 1:
+            link = self.net_link if par.devices > NODE_DEVICES else (self.node_link or self.net_link)
+            if link is not None:
+                bw = link.bandwidth * self.assume.link_efficiency
+                lines[2] = ((par.pp - 1) * link.latency, (par.pp - 1) * per_token / bw)
+        return lines[0], lines[1], lines[2]
+
+    def comm(self, tokens: int, par: Parallel) -> float:
+        """Communication of one forward pass over ``tokens`` tokens (:meth:`comm_lines`)."""
+        (a1, b1), (a2, b2), (a3, b3) = self.comm_lines(par)
+        return min(a1 + b1 * tokens, a2 + b2 * tokens) + a3 + b3 * tokens
+
+    def gemm(self, tokens: int, par: Parallel, kv_write: int = 0) -> tuple[float, float]:
+        """Matmul compute time and weight (+ new KV) read time of a pass over ``tokens`` tokens on ``tp`` devices."""
+        t_cmp = 2.0 * self.params.matmul * tokens / (par.tp * self.compute.value)
+        t_mem = (self.weights_read(tokens) + kv_write * self.kv_per_token) / (par.tp * self.memory.value)
+        return t_cmp, t_mem
+
+    def kv_seconds_per_token(self, batch: float, context: float, tp: int) -> tuple[float, Rate]:
+        """Seconds a decode step spends per cached token (over all requests): the KV read at the measured or
+        roofline rate, or at the roofline the attention FLOPs where they take longer."""
+        kv = self.kv_read_rate(round(context), self.work(batch, tp))
+        t = self.kv_per_token / (tp * kv.value)
+        if kv.origin != "measured":
+            t = max(t, self.pair_flops["decode"] / (tp * self.compute.value))
+        return t, kv
+
+    def prefill_attention(self, pairs: float, length: int, tp: int) -> float:
+        """Causal attention of ``pairs`` (query, key) pairs of a prompt of ``length`` tokens."""
+        return self.pair_flops["prefill"] * pairs / (tp * self.attention_rate(length).value)
 
     # -- phases ---------------------------------------------------------------------------------
 
-    def prefill(self, tokens: int, tp: int) -> PhaseTime:
-        """One prompt of ``tokens`` tokens on an instance of ``tp`` devices (tensor parallel, no
-        communication cost): matmuls at max(compute, weight-read) time, then causal attention at the
-        attention rate (measured or the compute roof)."""
-        m, pc = self.model, self.params
-        f_gemm = 2.0 * pc.matmul * tokens
-        b_gemm = weights_touched(m, pc, tokens) * DTYPE_BYTES[self.assume.weights] + tokens * self.kv_per_token
-        t_cmp, t_mem = f_gemm / (tp * self.compute.value), b_gemm / (tp * self.memory.value)
+    def prefill(self, tokens: int, tp: int = 1, cached: int = 0, pp: int = 1) -> PhaseTime:
+        """One prompt of ``tokens`` tokens, ``cached`` of them in the prefix cache, in one pass on an instance
+        (matmuls at max(compute, weight-read) time, causal attention of the new tokens over the whole context
+        at the attention rate, the all-reduces and stage transfers)."""
+        par = Parallel(tp, pp)
+        new = tokens - cached
+        t_cmp, t_mem = self.gemm(new, par, kv_write=new)
         attn = self.attention_rate(tokens)
-        t_attn = attention_flops_per_pair(m, "prefill") * tokens * (tokens + 1) / 2 / (tp * attn.value)
+        pairs = new * cached + new * (new + 1) / 2
+        t_attn = self.pair_flops["prefill"] * pairs / (tp * attn.value)
         wall = "compute" if t_cmp + t_attn >= t_mem else "bandwidth"
-        return PhaseTime(max(t_cmp, t_mem) + t_attn, wall, (self.compute, self.memory, attn))
+        return PhaseTime(max(t_cmp, t_mem) + t_attn + self.comm(new, par), wall, (self.compute, self.memory, attn))
 
-    def decode_step(self, batch: int, context: float, tp: int) -> PhaseTime:
-        """One decode step of ``batch`` requests with ``context`` cached tokens each on ``tp`` devices:
-        matmuls (weights read once for the batch) plus attention over every request's KV cache."""
-        m, pc = self.model, self.params
-        f_gemm = 2.0 * pc.matmul * batch
-        b_gemm = weights_touched(m, pc, batch) * DTYPE_BYTES[self.assume.weights]
-        t_cmp, t_mem = f_gemm / (tp * self.compute.value), b_gemm / (tp * self.memory.value)
-        kv = self.kv_read_rate(round(context))
-        kv_bytes = batch * context * self.kv_per_token
-        t_kv = kv_bytes / (tp * kv.value)
-        t_attn_cmp = 0.0 if kv.origin == "measured" else (
-            attention_flops_per_pair(m, "decode") * batch * context / (tp * self.compute.value))
-        wall = "compute" if t_cmp + t_attn_cmp > t_mem + t_kv else "bandwidth"
-        return PhaseTime(max(t_cmp, t_mem) + max(t_kv, t_attn_cmp), wall, (self.compute, self.memory, kv))
+    def decode_step(self, batch: int, context: float, tp: int = 1, pp: int = 1) -> PhaseTime:
+        """One decode step of ``batch`` requests with ``context`` cached tokens each on one lane: matmuls
+        (weights read once for the batch), attention over every request's KV cache, all-reduces, stage
+        transfers."""
+        par = Parallel(tp, pp)
+        t_cmp, t_mem = self.gemm(batch, par)
+        per_token, kv = self.kv_seconds_per_token(batch, context, tp)
+        t_kv = batch * context * per_token
+        t_attn_cmp = 0.0 if kv.origin == "measured" else (self.pair_flops["decode"] * batch * context
+                                                         / (tp * self.compute.value))
+        t_read = batch * context * self.kv_per_token / (tp * kv.value)
+        wall = "compute" if t_cmp + t_attn_cmp > t_mem + t_read else "bandwidth"
+        return PhaseTime(max(t_cmp, t_mem) + t_kv + self.comm(batch, par), wall, (self.compute, self.memory, kv))
 
 
 @dataclass(frozen=True)
@@ -162,38 +296,63 @@ class Plan:
     tp_prefill: int
     tp_decode: int
     link: str | None
+    pp_prefill: int = 1
+    pp_decode: int = 1
     prefill_instances: int = 0       # aggregated: the one pool's instances (both phases run on them)
     decode_instances: int = 0
     devices: int = 0
     prefill_devices: int = 0
     decode_devices: int = 0
-    ttft: dict[int, float] = field(default_factory=dict)   # class index -> seconds (mean, queueing included)
+    rate: float = 0.0                # requests per second offered (the workload's, or the most the devices serve)
+    ttft: dict[int, float] = field(default_factory=dict)   # screen: served class -> seconds (mean, queueing included)
     attainment_target: float = 0.9   # the workload's: the TTFT quantile shown is this one
     transfer: dict[int, float] = field(default_factory=dict)
     tpot: float = math.inf
-    batch: int = 0                   # decode batch per instance at the operating point
-    max_batch: int = 0               # decode batch the KV room allows per instance
+    batch: float = 0                 # decode batch per lane at the operating point (simulated: the mean)
+    max_batch: int = 0               # decode batch the KV room allows per lane
     attainment: float = 0.0
     meets: bool = False
     goodput: float = 0.0             # requests per second meeting the SLO
     good_tokens: float = 0.0         # input + output tokens per second of those requests
+    good_output: float = 0.0         # output tokens per second of those requests
+    served_output: float = 0.0       # output tokens per second of every request served at this rate
     price_per_hour: float | None = None
-    power: float | None = None       # watts, every device at its TDP
+    power: float | None = None       # watts drawn on average (TDP, or measured busy/idle power x utilization)
+    power_source: str = ""           # "TDP" or "measured"
     prefill_wall: str = ""
     decode_wall: str = ""
     origins: tuple[str, ...] = ()    # where the rates came from: measured, calibrated, roofline
     reason: str = ""                 # why it does not meet the SLO
     miss: float = math.inf           # worst latency / its SLO over the classes (closeness of a plan that misses)
+    sim: object | None = None        # the simulation's figures (kbench.plan.simulate.SimResult) once simulated
+    screen: Plan | None = None       # the mean-value screen's plan this one was simulated from
+
+    @property
+    def prefill_par(self) -> Parallel:
+        return Parallel(self.tp_prefill, self.pp_prefill)
+
+    @property
+    def decode_par(self) -> Parallel:
+        return Parallel(self.tp_decode, self.pp_decode)
+
+    @property
+    def key(self) -> tuple:
+        """The choice this plan makes: (mode, prefill hardware, decode hardware, link)."""
+        return (self.mode, self.prefill_hw, self.decode_hw, self.link)
 
     @property
     def label(self) -> str:
         if self.mode == "aggregated":
-            return f"aggregated {self.prefill_hw} x{self.tp_prefill}"
-        return f"P {self.prefill_hw} x{self.tp_prefill} -> D {self.decode_hw} x{self.tp_decode} via {self.link}"
+            return f"aggregated {self.prefill_hw} {self.prefill_par.label}"
+        return (f"P {self.prefill_hw} {self.prefill_par.label} -> D {self.decode_hw} {self.decode_par.label} "
+                f"via {self.link}")
 
     def ttft_quantile(self, shares: Sequence[float], fraction: float) -> float:
-        """The TTFT that ``fraction`` of requests stay within (classes by TTFT, shares accumulated): the
-        p90 TTFT for fraction 0.9, the latency the attainment is judged on."""
+        """The TTFT that ``fraction`` of requests stay within: the simulated percentile, or in the screen
+        the mean TTFT of the class within which ``fraction`` of requests fall (classes by TTFT, shares
+        accumulated)."""
+        if self.sim is not None:
+            return self.sim.percentile("ttft", 100 * fraction)
         total = 0.0
         for i in sorted(self.ttft, key=self.ttft.get):
             total += shares[i]
@@ -204,6 +363,12 @@ class Plan:
     @property
     def per_device(self) -> float:
         return self.goodput / self.devices if self.devices else 0.0
+
+    @property
+    def output_per_device(self) -> float:
+        """Output tokens per second per device at the rate served within the SLO attainment (aiconfigurator's
+        tokens/s/gpu at the SLO)."""
+        return self.served_output / self.devices if self.devices and self.meets else 0.0
 
     @property
     def per_dollar(self) -> float | None:
@@ -222,8 +387,13 @@ class Plan:
     def kwh_per_mtok(self) -> float | None:
         return self.power / self.good_tokens * 1e6 / 3.6e6 if self.power and self.good_tokens else None
 
+    @property
+    def joules_per_output_token(self) -> float | None:
+        return self.power / self.good_output if self.power and self.good_output else None
+
     def metric(self, by: str) -> float | None:
-        return {"device": self.per_device, "dollar": self.per_dollar, "joule": self.per_megajoule}[by]
+        return {"device": self.per_device, "dollar": self.per_dollar, "joule": self.per_megajoule,
+                "output": self.output_per_device}[by]
 
 
 def _smallest(ok: Callable[[int], bool], lo: int, hi: int = MAX_INSTANCES) -> int | None:
@@ -258,99 +428,146 @@ def _largest(ok: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
+def parallel_configs(hw: HardwareProfile, tp_degrees: Sequence[int] | None,
+                     pp_degrees: Sequence[int] | None) -> list[Parallel]:
+    tps = tp_degrees or ((1,) if hw.kind == "cpu" else TP_DEGREES)
+    return [Parallel(t, p) for p in (pp_degrees or (1,)) for t in tps]
+
+
 class Planner:
-    """Every aggregated and disaggregated plan for one model and workload over the given hardware."""
+    """The mean-value screen: every aggregated and disaggregated plan for one model and workload over the
+    given hardware, each pool sized by closed formulas (docs/plan.md, "The screen")."""
 
     def __init__(self, model: ModelConfig, workload: Workload, hardware: Sequence[HardwareProfile],
                  interconnects: dict[str, Interconnect], assume: Assumptions = Assumptions(),
                  measured: MeasuredRates | None = None, links: Sequence[str] | None = None,
-                 tp_degrees: Sequence[int] | None = None) -> None:
+                 tp_degrees: Sequence[int] | None = None, pp_degrees: Sequence[int] | None = None) -> None:
         self.model, self.workload, self.assume = model, workload, assume
         self.hardware = list(hardware)
         self.interconnects, self.links = interconnects, links
-        self.devices = {hw.name: DeviceModel(hw, model, assume, measured) for hw in hardware}
-        self.tp_degrees = tp_degrees
-        mix = workload.mix
+        self.measured = measured
+        self.devices = {hw.name: DeviceModel(hw, model, assume, measured, interconnects) for hw in hardware}
+        self.tp_degrees, self.pp_degrees = tp_degrees, pp_degrees
+        self.mix: tuple[ServedClass, ...] = workload.served()
+        self.shares = [c.share for c in self.mix]
         # requests in decode at once, per class, are proportional to share x output (Little's law)
-        decode_weight = [c.share * c.output for c in mix]
+        decode_weight = [c.share * c.output for c in self.mix]
         total = sum(decode_weight)
         self.decode_share = [w / total for w in decode_weight]
-        self.decode_context = sum(s * (c.input + c.output / 2) for s, c in zip(self.decode_share, mix))
-        self.slot_tokens = sum(s * (c.input + c.output) for s, c in zip(self.decode_share, mix))
-        self.largest_request = max(c.input + c.output for c in mix)
-        self.longest_prompt = max(c.input for c in mix)
-        self._prefill_cache: dict[tuple[str, int], list[PhaseTime]] = {}
+        self.decode_context = sum(s * (c.input + c.output / 2) for s, c in zip(self.decode_share, self.mix))
+        self.slot_tokens = sum(s * (c.input + c.output) for s, c in zip(self.decode_share, self.mix))
+        self.mean_output = sum(c.share * c.output for c in self.mix)
+        self.largest_request = max(c.input + c.output for c in self.mix)
+        self.longest_prompt = max(c.input for c in self.mix)
+        self._prefill_cache: dict[tuple[str, Parallel], list[PhaseTime]] = {}
+
+    def configs(self, hw: HardwareProfile) -> list[Parallel]:
+        """The parallel configurations to try on ``hw``: --tp x --pp; without --pp, pipeline stages (2, 4 of the
+        largest TP) only where no single-stage configuration holds the largest request."""
+        dm = self.devices[hw.name]
+        found = [p for p in parallel_configs(hw, self.tp_degrees, self.pp_degrees) if dm.parallel_problem(p) is None]
+        if self.pp_degrees is None and found and not any(dm.kv_tokens(p) >= self.largest_request for p in found):
+            top = max(p.tp for p in found)
+            found += [p for p in (Parallel(top, 2), Parallel(top, 4)) if dm.parallel_problem(p) is None]
+        return found
 
     def degrees(self, hw: HardwareProfile) -> Sequence[int]:
-        if self.tp_degrees:
-            return self.tp_degrees
-        return (1,) if hw.kind == "cpu" else TP_DEGREES
+        return sorted({p.tp for p in self.configs(hw)})
 
-    def prefill_times(self, hw: str, tp: int) -> list[PhaseTime]:
-        key = (hw, tp)
+    def prefill_times(self, hw: str, par: Parallel) -> list[PhaseTime]:
+        key = (hw, par)
         if key not in self._prefill_cache:
-            self._prefill_cache[key] = [self.devices[hw].prefill(c.input, tp) for c in self.workload.mix]
+            self._prefill_cache[key] = [self.devices[hw].prefill(c.input, par.tp, c.cached, par.pp) for c in self.mix]
         return self._prefill_cache[key]
 
     # -- decode pool ----------------------------------------------------------------------------
 
-    def _decode_pool(self, dm: DeviceModel, tp: int, busy: float = 0.0) -> tuple[int, Callable[[int], float]]:
-        """Largest batch the KV room allows and the TPOT at a batch (a step stretched by the share
-        ``busy`` of time the instance spends on prefills, in aggregated serving)."""
-        max_batch = max(0, math.floor(dm.kv_room(tp) / (self.slot_tokens * dm.kv_per_token)))
-        return max_batch, lambda b: dm.decode_step(b, self.decode_context, tp).seconds / (1.0 - busy)
+    def _decode_pool(self, dm: DeviceModel, par: Parallel, busy: float = 0.0) -> tuple[int, Callable[[int], float]]:
+        """Largest batch per lane the KV room (and the scheduler) allows and the TPOT at a batch (a step
+        stretched by the share ``busy`` of time the lane spends on prefills, in aggregated serving)."""
+        max_batch = min(self.assume.max_batch, max(0, math.floor(dm.lane_tokens(par) / self.slot_tokens)))
+        return max_batch, lambda b: dm.decode_step(b, self.decode_context, par.tp, par.pp).seconds / (1.0 - busy)
 
     # -- one plan ---------------------------------------------------------------------------------
 
     def _finish(self, plan: Plan, ttft: list[float], transfer: list[float], tpot: float) -> Plan:
-        wl = self.workload
+        wl, mix = self.workload, self.mix
         plan.ttft = dict(enumerate(ttft))
         plan.attainment_target = wl.attainment
         plan.transfer = dict(enumerate(transfer))
         plan.tpot = tpot
+        plan.rate = wl.rate
         met = [i for i, t in enumerate(ttft) if t <= wl.slo.ttft and tpot <= wl.slo.tpot]
-        plan.attainment = sum(wl.mix[i].share for i in met)
+        plan.attainment = sum(mix[i].share for i in met)
         plan.miss = max([tpot / wl.slo.tpot] + [t / wl.slo.ttft for t in ttft])
         plan.meets = plan.attainment >= wl.attainment - 1e-9
         plan.goodput = wl.rate * plan.attainment
-        plan.good_tokens = wl.rate * sum(wl.mix[i].share * (wl.mix[i].input + wl.mix[i].output) for i in met)
-        pre, dec = self.devices[plan.prefill_hw].hw, self.devices[plan.decode_hw].hw
+        plan.good_tokens = wl.rate * sum(mix[i].share * (mix[i].input + mix[i].output) for i in met)
+        plan.good_output = wl.rate * sum(mix[i].share * mix[i].output for i in met)
+        plan.served_output = wl.rate * self.mean_output
         plan.devices = plan.prefill_devices + plan.decode_devices
-        if pre.price_per_hour and dec.price_per_hour:
-            plan.price_per_hour = plan.prefill_devices * pre.price_per_hour + plan.decode_devices * dec.price_per_hour
-        if pre.power_watts and dec.power_watts:
-            plan.power = plan.prefill_devices * pre.power_watts + plan.decode_devices * dec.power_watts
+        self.price_and_power(plan)
         if not plan.meets and not plan.reason:
             worst = []
             if tpot > wl.slo.tpot:
                 worst.append(f"TPOT {_t(tpot)} > {_t(wl.slo.tpot)}")
             for i, t in enumerate(ttft):
                 if t > wl.slo.ttft:
-                    worst.append(f"TTFT {_t(t)} > {_t(wl.slo.ttft)} for {wl.mix[i].input:,}-token prompts")
-            plan.reason = "; ".join(worst) + f" (attainment {plan.attainment:.0%} < {wl.attainment:.0%})"
+                    worst.append(f"TTFT {_t(t)} > {_t(wl.slo.ttft)} for {mix[i].input:,}-token prompts")
+            plan.reason = "; ".join(dict.fromkeys(worst)) + f" (attainment {plan.attainment:.0%} < {wl.attainment:.0%})"
         return plan
 
-    def aggregated(self, hw: HardwareProfile, tp: int) -> Plan:
+    def price_and_power(self, plan: Plan, utilization: tuple[float, float] | None = None) -> None:
+        """Price per hour and average power of the plan's devices: measured busy and idle power weighted by
+        the pools' utilization where the result files hold sustained-loop energy for every hardware type of
+        the plan (and the simulation gave the utilization), else every device at its TDP."""
+        pre, dec = self.devices[plan.prefill_hw].hw, self.devices[plan.decode_hw].hw
+        n_pre = plan.prefill_devices
+        n_dec = plan.decode_devices
+        plan.price_per_hour = (n_pre * pre.price_per_hour + n_dec * dec.price_per_hour
+                               if pre.price_per_hour and dec.price_per_hour else None)
+        power = self.measured.power if self.measured is not None else {}
+        mp, md = power.get(pre.name), power.get(dec.name)
+        if utilization is not None and mp is not None and md is not None:
+            u_pre, u_dec = utilization
+
+            def watts(p, busy_w, u):
+                idle = p.idle_w if p.idle_w is not None else busy_w
+                return u * busy_w + (1 - u) * idle
+            if plan.mode == "aggregated":
+                # an aggregated instance does both: its busy power is the mean of the two phases' figures
+                plan.power = n_pre * watts(mp, (mp.prefill_w + mp.decode_w) / 2, u_pre)
+            else:
+                plan.power = n_pre * watts(mp, mp.prefill_w, u_pre) + n_dec * watts(md, md.decode_w, u_dec)
+            plan.power_source = "measured"
+        elif pre.power_watts and dec.power_watts:
+            plan.power = n_pre * pre.power_watts + n_dec * dec.power_watts
+            plan.power_source = "TDP"
+        else:
+            plan.power, plan.power_source = None, ""
+
+    def aggregated(self, hw: HardwareProfile, tp: int | Parallel) -> Plan:
         """Both phases on one pool of instances; prefills take priority (chunked into the decode batch), so
         decode steps are stretched by the share of time spent prefilling."""
-        wl, dm = self.workload, self.devices[hw.name]
-        plan = Plan("aggregated", hw.name, hw.name, tp, tp, None)
-        if dm.kv_room(tp) < self.largest_request * dm.kv_per_token:
+        par = tp if isinstance(tp, Parallel) else Parallel(tp)
+        wl, dm, mix = self.workload, self.devices[hw.name], self.mix
+        plan = Plan("aggregated", hw.name, hw.name, par.tp, par.tp, None, par.pp, par.pp)
+        if dm.kv_tokens(par) < self.largest_request:
             plan.reason = (f"the weights and one {self.largest_request:,}-token request need "
-                           f"{(dm.weight_bytes + self.largest_request * dm.kv_per_token) / 1e9:.0f} GB, "
-                           f"{tp} x {hw.name} hold {dm.memory_bytes(tp) / 1e9:.0f} GB usable")
+                           f"{(dm.weight_bytes + self.largest_request * dm.kv_per_token * par.pp) / 1e9:.0f} GB, "
+                           f"{par.devices} x {hw.name} hold {dm.memory_bytes(par.devices) / 1e9:.0f} GB usable")
             return plan
-        pre = self.prefill_times(hw.name, tp)
-        mean_s = sum(c.share * p.seconds for c, p in zip(wl.mix, pre))
-        mean_s2 = sum(c.share * p.seconds ** 2 for c, p in zip(wl.mix, pre))
-        demand = wl.rate * wl.mean("output")       # decode tokens per second, whole pool
+        pre = self.prefill_times(hw.name, par)
+        mean_s = sum(c.share * p.seconds for c, p in zip(mix, pre))
+        mean_s2 = sum(c.share * p.seconds ** 2 for c, p in zip(mix, pre))
+        demand = wl.rate * self.mean_output       # decode tokens per second, whole pool
 
         def state(n: int):
             lam = wl.rate / n
             busy = lam * mean_s
             if busy > self.assume.max_utilization:
                 return None
-            max_batch, tpot_at = self._decode_pool(dm, tp, busy)
+            max_batch, tpot_at = self._decode_pool(dm, par, busy)
             best = _largest(lambda b: tpot_at(b) <= wl.slo.tpot, max_batch) or min(1, max_batch)
             if not best or best / tpot_at(best) < demand / n:
                 return None
@@ -358,58 +575,65 @@ class Planner:
             wait = lam * mean_s2 / (2 * (1 - busy))
             return busy, max_batch, need, tpot_at(min(need, best)), [wait + p.seconds for p in pre], best
 
-        def ok(n: int) -> bool:
-            s = state(n)
+        def ok(lanes: int) -> bool:
+            s = state(lanes)
             return s is not None and self._attains(s[4], s[3])
 
-        n = _smallest(ok, 1)
-        if n is None:
-            # the closest plan: the fewest instances reaching the best attainment any pool size reaches (no
+        lanes = _smallest(ok, 1)
+        if lanes is None:
+            # the closest plan: the fewest lanes reaching the best attainment any pool size reaches (no
             # queueing, decode batch 1)
-            _, tpot_alone = self._decode_pool(dm, tp)
+            _, tpot_alone = self._decode_pool(dm, par)
             reachable = self._attainment([p.seconds for p in pre], tpot_alone(1))
 
             def closest(k: int) -> bool:
                 s = state(k)
                 return s is not None and self._attainment(s[4], s[3]) >= reachable - 1e-9
-            n = _smallest(closest, 1)
-            if n is None:
+            lanes = _smallest(closest, 1)
+            if lanes is None:
                 plan.reason = "decode cannot keep up with the arrival rate within the pool size limit"
                 return plan
-        busy, max_batch, need, tpot, ttft, best = state(n)
+        busy, max_batch, need, tpot, ttft, best = state(lanes)
+        n = math.ceil(lanes / par.pp)
         plan.prefill_instances = plan.decode_instances = n
-        plan.prefill_devices, plan.decode_devices = n * tp, 0
+        plan.prefill_devices, plan.decode_devices = n * par.devices, 0
         plan.batch, plan.max_batch = need, max_batch
         plan.prefill_wall = _phase_wall(pre)
-        plan.decode_wall = self._decode_wall(dm, tp, best, max_batch)
-        plan.origins = self._origins(dm, dm)
+        plan.decode_wall = self._decode_wall(dm, par, best, max_batch)
+        plan.origins = self._origins(dm, dm, par, par)
         return self._finish(plan, ttft, [0.0] * len(ttft), tpot)
 
-    def disaggregated(self, phw: HardwareProfile, ptp: int, dhw: HardwareProfile, dtp: int,
+    def transfer_times(self, pdm: DeviceModel, ppar: Parallel, dpar: Parallel, link: Interconnect) -> list[float]:
+        """KV transfer of each served class's whole context, over min(devices) links in parallel."""
+        bw = min(ppar.tp, dpar.tp) * link.bandwidth * self.assume.link_efficiency
+        return [c.input * pdm.kv_per_token / bw + link.latency for c in self.mix]
+
+    def disaggregated(self, phw: HardwareProfile, ptp: int | Parallel, dhw: HardwareProfile, dtp: int | Parallel,
                       link: Interconnect) -> Plan:
-        """Prefill pool on ``phw`` (instances of ``ptp`` devices), decode pool on ``dhw``; each request's KV
-        cache crosses ``link`` once, after its prefill, before its first token."""
-        wl = self.workload
+        """Prefill pool on ``phw``, decode pool on ``dhw``; each request's KV cache crosses ``link`` once,
+        after its prefill, before its first token."""
+        ppar = ptp if isinstance(ptp, Parallel) else Parallel(ptp)
+        dpar = dtp if isinstance(dtp, Parallel) else Parallel(dtp)
+        wl, mix = self.workload, self.mix
         pdm, ddm = self.devices[phw.name], self.devices[dhw.name]
-        plan = Plan("disaggregated", phw.name, dhw.name, ptp, dtp, link.name)
-        if pdm.kv_room(ptp) < self.longest_prompt * pdm.kv_per_token:
+        plan = Plan("disaggregated", phw.name, dhw.name, ppar.tp, dpar.tp, link.name, ppar.pp, dpar.pp)
+        if pdm.kv_tokens(ppar) < self.longest_prompt:
             plan.reason = (f"prefill: the weights and a {self.longest_prompt:,}-token prompt do not fit "
-                           f"{ptp} x {phw.name}")
+                           f"{ppar.devices} x {phw.name}")
             return plan
-        if ddm.kv_room(dtp) < self.largest_request * ddm.kv_per_token:
+        if ddm.kv_tokens(dpar) < self.largest_request:
             plan.reason = (f"decode: the weights and a {self.largest_request:,}-token request do not fit "
-                           f"{dtp} x {dhw.name}")
+                           f"{dpar.devices} x {dhw.name}")
             return plan
-        pre = self.prefill_times(phw.name, ptp)
-        bw = min(ptp, dtp) * link.bandwidth * self.assume.link_efficiency
-        transfer = [c.input * pdm.kv_per_token / bw + link.latency for c in wl.mix]
-        mean_s = sum(c.share * p.seconds for c, p in zip(wl.mix, pre))
-        mean_s2 = sum(c.share * p.seconds ** 2 for c, p in zip(wl.mix, pre))
-        max_batch, tpot_at = self._decode_pool(ddm, dtp)
+        pre = self.prefill_times(phw.name, ppar)
+        transfer = self.transfer_times(pdm, ppar, dpar, link)
+        mean_s = sum(c.share * p.seconds for c, p in zip(mix, pre))
+        mean_s2 = sum(c.share * p.seconds ** 2 for c, p in zip(mix, pre))
+        max_batch, tpot_at = self._decode_pool(ddm, dpar)
         best = _largest(lambda b: tpot_at(b) <= wl.slo.tpot, max_batch) or min(1, max_batch)
-        demand = wl.rate * wl.mean("output")
-        n_dec = max(1, math.ceil(demand / (best / tpot_at(best))))
-        need = _largest(lambda b: b / tpot_at(b) < demand / n_dec, best) + 1
+        demand = wl.rate * self.mean_output
+        d_lanes = max(1, math.ceil(demand / (best / tpot_at(best))))
+        need = _largest(lambda b: b / tpot_at(b) < demand / d_lanes, best) + 1
         tpot = tpot_at(min(need, best))
 
         def ttft(n: int) -> list[float] | None:
@@ -420,45 +644,48 @@ class Planner:
             wait = lam * mean_s2 / (2 * (1 - busy))
             return [wait + p.seconds + x for p, x in zip(pre, transfer)]
 
-        n_pre = _smallest(lambda n: ttft(n) is not None and self._attains(ttft(n), tpot), 1)
-        if n_pre is None:   # the closest: the fewest instances reaching the best attainment of any pool size
+        p_lanes = _smallest(lambda n: ttft(n) is not None and self._attains(ttft(n), tpot), 1)
+        if p_lanes is None:   # the closest: the fewest lanes reaching the best attainment of any pool size
             reachable = self._attainment([p.seconds + x for p, x in zip(pre, transfer)], tpot)
-            n_pre = _smallest(lambda n: ttft(n) is not None and self._attainment(ttft(n), tpot) >= reachable - 1e-9, 1)
+            p_lanes = _smallest(lambda n: ttft(n) is not None and self._attainment(ttft(n), tpot) >= reachable - 1e-9, 1)
+        n_pre, n_dec = math.ceil(p_lanes / ppar.pp), math.ceil(d_lanes / dpar.pp)
         plan.prefill_instances, plan.decode_instances = n_pre, n_dec
-        plan.prefill_devices, plan.decode_devices = n_pre * ptp, n_dec * dtp
+        plan.prefill_devices, plan.decode_devices = n_pre * ppar.devices, n_dec * dpar.devices
         plan.batch, plan.max_batch = need, max_batch
         plan.prefill_wall = _phase_wall(pre)
         if max(transfer) > max(p.seconds for p in pre):
             plan.prefill_wall += f" (KV transfer {_t(max(transfer))} > prefill)"
-        plan.decode_wall = self._decode_wall(ddm, dtp, best, max_batch)
-        plan.origins = self._origins(pdm, ddm)
-        return self._finish(plan, ttft(n_pre), transfer, tpot)
+        plan.decode_wall = self._decode_wall(ddm, dpar, best, max_batch)
+        plan.origins = self._origins(pdm, ddm, ppar, dpar)
+        return self._finish(plan, ttft(p_lanes), transfer, tpot)
 
     def _attainment(self, ttft: list[float], tpot: float) -> float:
         """Share of requests in classes whose TTFT and the TPOT meet the SLO."""
         wl = self.workload
         if tpot > wl.slo.tpot:
             return 0.0
-        return sum(c.share for c, t in zip(wl.mix, ttft) if t <= wl.slo.ttft)
+        return sum(c.share for c, t in zip(self.mix, ttft) if t <= wl.slo.ttft)
 
     def _attains(self, ttft: list[float], tpot: float) -> bool:
         return self._attainment(ttft, tpot) >= self.workload.attainment - 1e-9
 
-    def _decode_wall(self, dm: DeviceModel, tp: int, best: int, max_batch: int) -> str:
-        """What limits the batch of a decode instance: ``capacity`` when memory holds fewer requests than the
-        TPOT SLO would allow, else the roof that binds a step at the largest batch meeting the TPOT."""
+    def _decode_wall(self, dm: DeviceModel, par: Parallel, best: int, max_batch: int) -> str:
+        """What limits the batch of a decode lane: ``capacity`` when memory holds fewer requests than the
+        TPOT SLO would allow (``max batch`` when the scheduler's cap does), else the roof that binds a step at the
+        largest batch meeting the TPOT."""
         if best >= max_batch:
-            return "capacity"
-        return dm.decode_step(max(best, 1), self.decode_context, tp).wall
+            room = math.floor(dm.lane_tokens(par) / self.slot_tokens)
+            return "capacity" if room <= self.assume.max_batch else "max batch"
+        return dm.decode_step(max(best, 1), self.decode_context, par.tp, par.pp).wall
 
-    def _origins(self, *dms: DeviceModel) -> tuple[str, ...]:
+    def _origins(self, pdm: DeviceModel, ddm: DeviceModel, ppar: Parallel, dpar: Parallel) -> tuple[str, ...]:
         found = set()
-        for dm in dms:
+        for dm, par in ((pdm, ppar), (ddm, dpar)):
             found.add(dm.compute.origin)
             found.add(dm.memory.origin)
-            for c in self.workload.mix:
+            for c in self.mix:
                 found.add(dm.attention_rate(c.input).origin)
-            found.add(dm.kv_read_rate(round(self.decode_context)).origin)
+            found.add(dm.kv_read_rate(round(self.decode_context), dm.work(1, par.tp)).origin)
         return tuple(o for o in ("measured", "calibrated", "roofline") if o in found)
 
     # -- every plan ---------------------------------------------------------------------------------
@@ -473,12 +700,12 @@ class Planner:
 
     def all_plans(self) -> list[Plan]:
         usable = [hw for hw in self.hardware if self.devices[hw.name].usable]
-        plans = [self.aggregated(hw, tp) for hw in usable for tp in self.degrees(hw)]
+        plans = [self.aggregated(hw, par) for hw in usable for par in self.configs(hw)]
         for phw in usable:
             for dhw in usable:
                 for link in self.links_between(phw, dhw):
-                    plans += [self.disaggregated(phw, ptp, dhw, dtp, link)
-                              for ptp in self.degrees(phw) for dtp in self.degrees(dhw)]
+                    plans += [self.disaggregated(phw, ppar, dhw, dpar, link)
+                              for ppar in self.configs(phw) for dpar in self.configs(dhw)]
         return plans
 
 
@@ -500,9 +727,8 @@ def best_per_choice(plans: Iterable[Plan], by: str) -> list[Plan]:
     (ties: fewer devices), ranked; the plans that meet come first."""
     groups: dict[tuple, Plan] = {}
     for p in plans:
-        key = (p.mode, p.prefill_hw, p.decode_hw, p.link)
-        if key not in groups or _key(p, by) < _key(groups[key], by):
-            groups[key] = p
+        if p.key not in groups or _key(p, by) < _key(groups[p.key], by):
+            groups[p.key] = p
     return sorted(groups.values(), key=lambda p: _key(p, by))
 
 
@@ -511,7 +737,3 @@ def _key(p: Plan, by: str) -> tuple:
     if p.meets:
         return (0, -(value if value is not None else -1.0), p.devices)
     return (1, p.devices == 0, -p.attainment, p.miss, p.devices)
-
-
-def rank(plans: Iterable[Plan], by: str) -> list[Plan]:
-    return sorted(plans, key=lambda p: _key(p, by))

@@ -1,4 +1,5 @@
-"""Tables, sensitivity to the assumed efficiencies and the cost/latency Pareto plot of `kbench plan`."""
+"""Tables, the sensitivity to assumed efficiencies, and the plots of `kbench plan`: the cost/latency Pareto
+front and the simulated TTFT/TPOT distributions."""
 from __future__ import annotations
 
 import math
@@ -6,9 +7,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 from kbench.plan.model import Assumptions, Plan, Planner, best_per_choice
 
-def table_headers(attainment: float) -> tuple[str, ...]:
-    """The plan table's columns; the TTFT shown is the one the attainment fraction of requests stay within."""
-    return ("#", "plan", "pools (instances x devices)", "P:D devices", "goodput req/s/dev", "req/$",
+SIM_HEADERS = ("#", "plan", "pools (instances x devices)", "devices", "req/s", "out tok/s/dev", "req/$", "$/Mtok",
+               "kWh/Mtok", "TTFT p50/p90/p99", "TPOT p50/p90/p99", "batch", "SLO met", "rates from")
+
+
+def table_headers(attainment: float, simulated: bool = False) -> tuple[str, ...]:
+    """The plan table's columns: simulated plans show latency percentiles; screened plans the TTFT that the
+    attainment fraction of requests stay within."""
+    if simulated:
+        return SIM_HEADERS
+    return ("#", "plan", "pools (instances x devices)", "P:D devices", "goodput req/s/dev", "out tok/s/dev", "req/$",
             "req/MJ", "$/Mtok", "kWh/Mtok", f"TTFT p{100 * attainment:.3g}", "TPOT", "batch",
             "wall prefill | decode", "SLO met", "rates from")
 
@@ -23,10 +31,17 @@ def _time(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
+def _triple(values: Sequence[float], unit: str) -> str:
+    if not all(math.isfinite(v) for v in values):
+        return "/".join("inf" if not math.isfinite(v) else f"{v:.3g}" for v in values) + f" {unit}"
+    scale = 1e3 if unit == "ms" else 1.0
+    return "/".join(f"{v * scale:.3g}" for v in values) + f" {unit}"
+
+
 def pools(p: Plan) -> str:
     if p.mode == "aggregated":
-        return f"{p.prefill_instances} x {p.tp_prefill} (both phases)"
-    return f"P {p.prefill_instances} x {p.tp_prefill} + D {p.decode_instances} x {p.tp_decode}"
+        return f"{p.prefill_instances} x {p.prefill_par.devices} (both phases)"
+    return f"P {p.prefill_instances} x {p.prefill_par.devices} + D {p.decode_instances} x {p.decode_par.devices}"
 
 
 def ratio(p: Plan) -> str:
@@ -37,36 +52,65 @@ def ratio(p: Plan) -> str:
 
 def ttft_summary(p: Plan, shares: Sequence[float]) -> str:
     """The TTFT that the attainment fraction of requests stay within (p90 for 90%)."""
-    if not p.ttft:
+    if not p.ttft and p.sim is None:
         return "-"
     return _time(p.ttft_quantile(shares, p.attainment_target))
+
+
+def latencies(p: Plan, what: str) -> list[float]:
+    return [p.sim.percentile(what, q) for q in (50, 90, 99)]
 
 
 def table_rows(plans: Sequence[Plan], shares: Sequence[float]) -> list[list[str]]:
     rows = []
     for i, p in enumerate(plans, 1):
+        if p.sim is not None:
+            energy = _g(p.kwh_per_mtok) + (" (TDP)" if p.power_source == "TDP" and p.kwh_per_mtok else "")
+            rows.append([str(i), p.label, pools(p), str(p.devices), _g(p.rate), _g(p.output_per_device),
+                         _g(p.per_dollar), _g(p.dollars_per_mtok), energy, _triple(latencies(p, "ttft"), "s"),
+                         _triple(latencies(p, "tpot"), "ms"), f"{p.batch}/{p.max_batch}", f"{p.attainment:.0%}",
+                         "+".join(p.origins) or "-"])
+            continue
         rows.append([str(i), p.label, pools(p) if p.devices else "-", ratio(p), _g(p.per_device),
-                     _g(p.per_dollar), _g(p.per_megajoule), _g(p.dollars_per_mtok), _g(p.kwh_per_mtok),
-                     ttft_summary(p, shares), _time(p.tpot), f"{p.batch}/{p.max_batch}" if p.devices else "-",
+                     _g(p.output_per_device), _g(p.per_dollar), _g(p.per_megajoule), _g(p.dollars_per_mtok),
+                     _g(p.kwh_per_mtok), ttft_summary(p, shares), _time(p.tpot),
+                     f"{p.batch}/{p.max_batch}" if p.devices else "-",
                      f"{p.prefill_wall} | {p.decode_wall}" if p.devices else "-", f"{p.attainment:.0%}",
                      "+".join(p.origins) or "-"])
     return rows
 
 
 def plan_json(p: Plan, shares: Sequence[float]) -> dict[str, Any]:
-    return {"label": p.label, "mode": p.mode, "prefill_hardware": p.prefill_hw, "decode_hardware": p.decode_hw,
-            "tp_prefill": p.tp_prefill, "tp_decode": p.tp_decode, "link": p.link,
-            "prefill_instances": p.prefill_instances, "decode_instances": p.decode_instances,
-            "prefill_devices": p.prefill_devices, "decode_devices": p.decode_devices, "devices": p.devices,
-            "ttft_s": [p.ttft[i] for i in sorted(p.ttft)],
-            "ttft_at_attainment_s": p.ttft_quantile(shares, p.attainment_target) if p.ttft else None, "kv_transfer_s": [p.transfer[i] for i in sorted(p.transfer)],
-            "tpot_s": p.tpot if math.isfinite(p.tpot) else None, "batch": p.batch, "max_batch": p.max_batch,
-            "attainment": p.attainment, "meets_slo": p.meets, "goodput_req_s": p.goodput,
-            "goodput_per_device": p.per_device, "requests_per_dollar": p.per_dollar,
-            "requests_per_megajoule": p.per_megajoule, "dollars_per_mtok": p.dollars_per_mtok,
-            "kwh_per_mtok": p.kwh_per_mtok, "price_per_hour": p.price_per_hour, "power_w": p.power,
-            "prefill_wall": p.prefill_wall, "decode_wall": p.decode_wall, "rates_from": list(p.origins),
-            "reason": p.reason}
+    out = {"label": p.label, "mode": p.mode, "prefill_hardware": p.prefill_hw, "decode_hardware": p.decode_hw,
+           "tp_prefill": p.tp_prefill, "pp_prefill": p.pp_prefill, "tp_decode": p.tp_decode,
+           "pp_decode": p.pp_decode, "link": p.link,
+           "prefill_instances": p.prefill_instances, "decode_instances": p.decode_instances,
+           "prefill_devices": p.prefill_devices, "decode_devices": p.decode_devices, "devices": p.devices,
+           "rate_req_s": p.rate, "simulated": p.sim is not None,
+           "ttft_s": [p.ttft[i] for i in sorted(p.ttft)],
+           "ttft_at_attainment_s": p.ttft_quantile(shares, p.attainment_target) if (p.ttft or p.sim) else None,
+           "kv_transfer_s": [p.transfer[i] for i in sorted(p.transfer)],
+           "tpot_s": p.tpot if math.isfinite(p.tpot) else None, "batch": p.batch, "max_batch": p.max_batch,
+           "attainment": p.attainment, "meets_slo": p.meets, "goodput_req_s": p.goodput,
+           "goodput_per_device": p.per_device, "output_tokens_per_s_per_device": p.output_per_device,
+           "requests_per_dollar": p.per_dollar,
+           "requests_per_megajoule": p.per_megajoule, "dollars_per_mtok": p.dollars_per_mtok,
+           "kwh_per_mtok": p.kwh_per_mtok, "price_per_hour": p.price_per_hour, "power_w": p.power,
+           "power_from": p.power_source or None,
+           "prefill_wall": p.prefill_wall, "decode_wall": p.decode_wall, "rates_from": list(p.origins),
+           "reason": p.reason}
+    if p.sim is not None:
+        s = p.sim
+        out["simulation"] = {
+            "requests": s.requests, "measured": s.measured, "arrivals": s.source, "span_s": s.span,
+            "stopped_early": s.stopped, "utilization": s.utilization, "mean_decode_batch": s.mean_batch,
+            "ttft_met": s.ttft_met, "tpot_met": s.tpot_met,
+            **{f"{what}_p{q}_s": s.percentile(what, q) for what in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}}
+    if p.screen is not None:
+        out["screen"] = {"devices": p.screen.devices, "prefill_instances": p.screen.prefill_instances,
+                         "decode_instances": p.screen.decode_instances,
+                         "tpot_s": p.screen.tpot if math.isfinite(p.screen.tpot) else None}
+    return out
 
 
 PHASE_HEADERS = ("hardware", "TP needed", "prefill time per class", "prefill J/token", "KV room reqs",
@@ -78,27 +122,27 @@ def phase_rows(planner: Planner) -> list[list[str]]:
     the time of each class's prefill, a decode step at batch 1 and at the batch the KV room allows, the
     decode rate, and energy per token at TDP."""
     rows = []
-    wl = planner.workload
     for hw in planner.hardware:
         dm = planner.devices[hw.name]
         if not dm.usable:
             continue
-        tp = next((t for t in planner.degrees(hw)
-                   if dm.kv_room(t) >= planner.largest_request * dm.kv_per_token), None)
-        if tp is None:
+        par = next((c for c in planner.configs(hw) if dm.kv_tokens(c) >= planner.largest_request), None)
+        if par is None:
             need = dm.weight_bytes + planner.largest_request * dm.kv_per_token
-            rows.append([hw.name, f"> {max(planner.degrees(hw))} ({need / 1e9:.0f} GB)"] + ["-"] * 8)
+            top = max((c.devices for c in planner.configs(hw)), default=1)
+            rows.append([hw.name, f"> {top} ({need / 1e9:.0f} GB)"] + ["-"] * 8)
             continue
-        pre = [dm.prefill(c.input, tp) for c in wl.mix]
-        b_max = max(1, math.floor(dm.kv_room(tp) / (planner.slot_tokens * dm.kv_per_token)))
-        one = dm.decode_step(1, planner.decode_context, tp)
-        full = dm.decode_step(b_max, planner.decode_context, tp)
-        watts = tp * hw.power_watts if hw.power_watts else None
-        mean_s = sum(c.share * p.seconds for c, p in zip(wl.mix, pre))
-        pre_j = None if watts is None else watts * mean_s / wl.mean("input")
-        dec_j = None if watts is None else watts * full.seconds / b_max
-        rows.append([hw.name, str(tp), " / ".join(_time(p.seconds) for p in pre), _g(pre_j), str(b_max),
-                     _time(one.seconds), _time(full.seconds), _g(b_max / full.seconds), _g(dec_j),
+        pre = [dm.prefill(c.input, par.tp, c.cached, par.pp) for c in planner.mix]
+        b_max = max(1, min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / planner.slot_tokens)))
+        one = dm.decode_step(1, planner.decode_context, par.tp, par.pp)
+        full = dm.decode_step(b_max, planner.decode_context, par.tp, par.pp)
+        watts = par.devices * hw.power_watts if hw.power_watts else None
+        mean_s = sum(c.share * p.seconds for c, p in zip(planner.mix, pre))
+        mean_in = sum(c.share * c.input for c in planner.mix)
+        pre_j = None if watts is None else watts * mean_s / mean_in
+        dec_j = None if watts is None else watts * full.seconds / b_max / par.pp
+        rows.append([hw.name, par.label, " / ".join(_time(p.seconds) for p in pre), _g(pre_j), str(b_max),
+                     _time(one.seconds), _time(full.seconds), _g(b_max * par.pp / full.seconds), _g(dec_j),
                      f"{'/'.join(sorted({p.wall for p in pre}))} | {full.wall}"])
     return rows
 
@@ -106,29 +150,48 @@ def phase_rows(planner: Planner) -> list[list[str]]:
 def input_rows(planner: Planner) -> list[list[str]]:
     """Per hardware type: each rate the plan uses, its value and whether it was measured."""
     rows = []
-    mix = planner.workload.mix
+    lengths = sorted({c.input for c in planner.mix})
     for name, dm in planner.devices.items():
         if not dm.usable:
             rows.append([name, "all", "-", "unusable: no compute, bandwidth or capacity figure"])
             continue
         rows.append([name, "matmul FLOP/s", dm.compute.origin, dm.compute.detail])
         rows.append([name, "weight reads B/s", dm.memory.origin, dm.memory.detail])
-        for c in mix:
-            r = dm.attention_rate(c.input)
-            rows.append([name, f"prefill attention at {c.input:,} tokens", r.origin, r.detail])
+        for length in lengths[:8]:
+            r = dm.attention_rate(length)
+            rows.append([name, f"prefill attention at {length:,} tokens", r.origin, r.detail])
+        if len(lengths) > 8:
+            rows.append([name, f"prefill attention at {len(lengths) - 8} more lengths", "-", "see --format json"])
         ctx = round(planner.decode_context)
-        r = dm.kv_read_rate(ctx)
-        rows.append([name, f"decode KV reads at {ctx:,} tokens", r.origin, r.detail])
+        configs = planner.configs(dm.hw)
+        par = next((c for c in configs if dm.kv_tokens(c) >= planner.largest_request), configs[0] if configs else None)
+        tp = par.tp if par else 1
+        full = max(1, min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / planner.slot_tokens))) if par else 1
+        for b in sorted({1, full}):
+            r = dm.kv_read_rate(ctx, dm.work(b, tp))
+            rows.append([name, f"decode KV reads at {ctx:,} tokens, batch {b} (TP{tp})", r.origin, r.detail])
+        if dm.node_link is not None:
+            rows.append([name, "all-reduce link", "roofline", f"{dm.node_link.name}: {dm.node_link.bandwidth / 1e9:g} "
+                         f"GB/s x assumed efficiency {planner.assume.link_efficiency:g}, "
+                         f"{dm.node_link.latency * 1e6:g} us"])
         price = f"${dm.hw.price_per_hour:g}/h ({dm.hw.price_source})" if dm.hw.price_per_hour else "none: pass --price"
         rows.append([name, "price per device-hour", "list price" if dm.hw.price_per_hour else "-", price])
-        power = f"{dm.hw.power_watts:g} W" if dm.hw.power_watts else "none in the profile"
-        rows.append([name, "power per device", "TDP" if dm.hw.power_watts else "-", power])
+        measured = (planner.measured.power.get(name) if planner.measured is not None else None)
+        if measured is not None:
+            idle = f", {measured.idle_w:.0f} W idle" if measured.idle_w is not None else ""
+            rows.append([name, "power per device", "measured",
+                         f"{measured.prefill_w:.0f} W prefill / {measured.decode_w:.0f} W decode busy{idle} "
+                         f"({measured.detail}), times the simulated utilization"])
+        else:
+            power = f"{dm.hw.power_watts:g} W, every device at TDP all the time" if dm.hw.power_watts else \
+                "none in the profile"
+            rows.append([name, "power per device", "TDP" if dm.hw.power_watts else "-", power])
     return rows
 
 
 def sensitivity(planner_for: Callable[[Assumptions], Planner], base: Assumptions, by: str,
                 factors: Iterable[float] = (0.75, 1.25)) -> list[str]:
-    """How much the assumed efficiencies move the answer: the top plan and its figure with every assumed
+    """How much the assumed efficiencies move the screen's answer: its top plan and figure with every assumed
     efficiency (matmul, bandwidth, link) scaled, measured and calibrated rates unchanged."""
     lines = []
     top0 = _top(planner_for(base).all_plans(), by)
@@ -166,22 +229,42 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
+def _cost(p: Plan) -> tuple[float | None, str]:
+    """Cost per million tokens of requests meeting the SLO: dollars where the plan has a price, else
+    device-hours."""
+    if p.dollars_per_mtok is not None:
+        return p.dollars_per_mtok, "$"
+    if p.good_tokens:
+        return p.devices / 3600 / p.good_tokens * 1e6, "device-hours"
+    return None, ""
+
+
 def plot_pareto(plans: Sequence[Plan], shares: Sequence[float], path: str, *, title: str) -> str:
-    """Cost per million tokens against the attainment-quantile TTFT and against TPOT, every plan that meets the
-    SLO; the
-    Pareto front (cheaper and faster than every other plan on that pair) is drawn as a line."""
+    """Cost per million tokens against the attainment-quantile TTFT and against TPOT (simulated percentiles
+    where simulated), every plan that meets the SLO; the Pareto front (cheaper and faster than every other plan
+    on that pair) is drawn as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    good = [p for p in plans if p.meets and p.dollars_per_mtok is not None]
+    good = [p for p in plans if p.meets and _cost(p)[0] is not None]
+    unit = "$" if good and all(_cost(p)[1] == "$" for p in good) else "device-hours"
+    if unit == "device-hours":
+        good = [p for p in good if p.good_tokens]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     modes = {"aggregated": ("o", "tab:blue"), "disaggregated": ("^", "tab:orange")}
     pct = f"p{round(100 * good[0].attainment_target)}" if good else "p90"
+
+    def cost(p: Plan) -> float:
+        return p.dollars_per_mtok if unit == "$" else p.devices / 3600 / p.good_tokens * 1e6
+
+    def tpot(p: Plan) -> float:
+        return (p.sim.percentile("tpot", 100 * p.attainment_target) if p.sim is not None else p.tpot) * 1e3
+
     for ax, (name, latency) in zip(axes, ((f"TTFT {pct} (s)", lambda p: p.ttft_quantile(shares, p.attainment_target)),
-                                          ("TPOT (ms)", lambda p: p.tpot * 1e3))):
-        pts = [(p.dollars_per_mtok, latency(p)) for p in good]
+                                          (f"TPOT {pct} (ms)", tpot))):
+        pts = [(cost(p), latency(p)) for p in good]
         for mode, (marker, color) in modes.items():
             sel = [pt for p, pt in zip(good, pts) if p.mode == mode]
             if sel:
@@ -196,12 +279,12 @@ def plot_pareto(plans: Sequence[Plan], shares: Sequence[float], path: str, *, ti
             for pt, names in labels.items():
                 more = f" (+{len(names) - 1} alike)" if len(names) > 1 else ""
                 ax.annotate(names[0] + more, pt, fontsize=6, xytext=(4, 2), textcoords="offset points")
-        ax.set_xlabel("cost per million tokens of requests meeting the SLO ($)")
+        ax.set_xlabel(f"cost per million tokens of requests meeting the SLO ({unit})")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     if not good:
-        axes[0].text(0.5, 0.5, "no plan meets the SLO with a price", transform=axes[0].transAxes, ha="center")
+        axes[0].text(0.5, 0.5, "no plan meets the SLO", transform=axes[0].transAxes, ha="center")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -209,5 +292,39 @@ def plot_pareto(plans: Sequence[Plan], shares: Sequence[float], path: str, *, ti
     return path
 
 
-__all__ = ["PHASE_HEADERS", "input_rows", "pareto", "phase_rows", "plan_json", "plot_pareto",
-           "sensitivity", "table_headers", "table_rows"]
+def plot_latency(plans: Sequence[Plan], path: str, *, title: str, top: int = 6) -> str:
+    """The simulated distributions of TTFT and TPOT (cumulative, one line per plan, the SLO as a dashed
+    line) for the first ``top`` simulated plans."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sims = [p for p in plans if p.sim is not None][:top]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, what, unit, scale in ((axes[0], "ttft", "s", 1.0), (axes[1], "tpot", "ms", 1e3)):
+        for p in sims:
+            values = np.sort(np.asarray(getattr(p.sim, what), dtype=float)) * scale
+            values = values[np.isfinite(values)]
+            if len(values):
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=p.label, linewidth=1.2)
+        if sims:
+            limit = getattr(sims[0].sim.slo, what) * scale
+            ax.axvline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g} {unit}")
+            ax.axhline(sims[0].attainment_target, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(f"{what.upper()} ({unit})")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    if not sims:
+        axes[0].text(0.5, 0.5, "no simulated plan", transform=axes[0].transAxes, ha="center")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["PHASE_HEADERS", "SIM_HEADERS", "input_rows", "pareto", "phase_rows", "plan_json", "plot_latency",
+           "plot_pareto", "sensitivity", "table_headers", "table_rows"]

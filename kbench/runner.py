@@ -127,7 +127,7 @@ class RunRequest:
     executor_address: str | None = None
     executor_settings: dict[str, str] = field(default_factory=dict)
     #: backend objects measured besides the selection (the Python API's callables and Backend instances,
-    #: kbench.measure); routed like any backend: a trusted one that cannot be rebuilt in a worker runs here
+    #: kbench.api.measure); routed like any backend: a trusted one that cannot be rebuilt in a worker runs here
     backends: list[Backend] = field(default_factory=list)
 
 

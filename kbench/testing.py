@@ -134,7 +134,7 @@ def measurement_name(nodeid: str) -> str:
 def kbench_measure(request, kbench_pm):
     """``kbench_measure(*targets, **kw)`` = :func:`kbench.api.measure` with the test's name as the suite name
     and, under ``--kbench-save DIR``, ``output=DIR`` (unless the call gives ``output``)."""
-    from kbench.measure import measure
+    from kbench.measurement import measure
 
     save = request.config.getoption("kbench_save", None)
 

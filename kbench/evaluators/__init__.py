@@ -46,7 +46,7 @@ class Fitness:
     def metrics(self) -> dict[str, float]:
         """Numbers only (evolvers bin and average them): the combined score and what it is made of."""
         tflops = [c["tflops"] for c in self.cases.values() if c.get("tflops")]
-        from kbench.measure import geomean_or_zero
+        from kbench.measurement import geomean_or_zero
 
         out = {"combined_score": float(self.score), "correct": 1.0 if self.correct else 0.0,
                "cases_passed": float(self.passed_cases), "cases": float(len(self.cases)),
@@ -79,12 +79,13 @@ def _case_line(c: Mapping[str, Any]) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: str | None = None,
+def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any = None,
                  device: str | None = None, keyword: str | None = None, timing: Mapping[str, Any] | None = None,
                  results_dir: str | os.PathLike | None = None, allow_unsandboxed: bool = False,
                  case_timeout: float | None = None, pm=None) -> Fitness:
     """Measure the kernel file ``program_path`` on ``suite`` (a path, a suite dict or a Suite) as an untrusted
-    backend; with ``baseline`` (a registered backend name) that one is measured in the same run, case by case,
+    backend; with ``baseline`` (a registered backend name, or any other target :func:`kbench.api.measure` takes)
+    that one is measured in the same run, case by case,
     and the score is the geometric mean of the speedups over it, else of the attained TFLOP/s.
 
     A case that does not pass (wrong, failed integrity check, crash, timeout, unsupported) makes the score 0
@@ -94,7 +95,7 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: str |
     (a NumPy kernel is measured on the CPU even where a GPU is present). Raises :class:`EnvironmentFailure` when the harness, not the
     kernel, failed (records of ``cause: infrastructure``, or the baseline not passing).
     """
-    from kbench.measure import geomean_or_zero, measure
+    from kbench.measurement import geomean_or_zero, measure
 
     from kbench.api import KernelFileRef, get_plugin_manager
 
@@ -108,7 +109,8 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: str |
                     output=results_dir, allow_unsandboxed=allow_unsandboxed, case_timeout=case_timeout, pm=pm)
     except BadInput as exc:
         if exc.file is not None and Path(exc.file) == Path(path):  # the candidate's own fault: it scores 0
-            return Fitness(0.0, False, {"(load)": exc.format()}, score_kind=_kind(baseline))
+            label = _label(baseline)
+            return Fitness(0.0, False, {"(load)": exc.format()}, score_kind=_kind(label), baseline=label)
         raise
     broken = {r.case_id: r.status_text for r in m.records if r.extra.get("cause") == "infrastructure"}
     if broken:
@@ -150,6 +152,13 @@ def _load_suite(suite: Any):
     if isinstance(suite, Suite):
         return suite
     return suite_from_data(dict(suite)) if isinstance(suite, Mapping) else load_suite(suite)
+
+
+def _label(baseline: Any) -> str | None:
+    """A baseline's name before it is measured (a backend name, a Backend's name, a callable's)."""
+    if baseline is None or isinstance(baseline, str):
+        return baseline
+    return str(getattr(baseline, "name", None) or getattr(baseline, "__name__", None) or baseline)
 
 
 def _kind(baseline: str | None) -> str:

@@ -131,16 +131,16 @@ def measurement_name(nodeid: str) -> str:
 
 
 @pytest.fixture
-def kbench_measure(request, kbench_pm):
+def kbench_measure(request):
     """``kbench_measure(*targets, **kw)`` = :func:`kbench.api.measure` with the test's name as the suite name
-    and, under ``--kbench-save DIR``, ``output=DIR`` (unless the call gives ``output``)."""
+    and, under ``--kbench-save DIR``, ``output=DIR`` (unless the call gives ``output``). The plugin manager is
+    the process's (``get_plugin_manager()``): plugins load once per session, not once per test."""
     from kbench.measurement import measure
 
     save = request.config.getoption("kbench_save", None)
 
     def run(*targets: Any, **kw: Any):
         kw.setdefault("name", measurement_name(request.node.nodeid))
-        kw.setdefault("pm", kbench_pm)
         if save and kw.get("output") is None:
             kw["output"] = save
         return measure(*targets, **kw)

@@ -169,6 +169,17 @@ def test_the_example_evaluator_is_configured_for_the_example_suite():
     assert load_suite(shinka_example.SUITE).name == "openevolve-example"
 
 
+def test_the_openevolve_module_is_an_evaluation_file_configured_by_the_environment():
+    from kbench.evaluators import openevolve
+
+    ev = openevolve.from_environment({"KBENCH_EVAL_SUITE": "s.yaml", "KBENCH_EVAL_BASELINE": "numpy-flash",
+                                      "KBENCH_EVAL_DEVICE": "", "KBENCH_EVAL_RESULTS": "kept"})
+    assert ev.suite == "s.yaml" and ev.options == {"baseline": "numpy-flash", "results_dir": "kept"}
+    with pytest.raises(BadInput, match="KBENCH_EVAL_SUITE is not set"):
+        openevolve.from_environment({})
+    assert callable(openevolve.evaluate)
+
+
 # --------------------------------------------------------------------------------------------
 # a real OpenEvolve loop
 

@@ -53,6 +53,7 @@ def test_callables_are_judged_in_one_run_and_say_they_are_trusted():
     assert {"secret_inputs", "parent_verifies", "parent_clock", "timed_outputs"} <= set(rec.integrity["checks"])
     assert rec.backend_info["trusted"] is True and "no" not in rec.backend_info["callable"]
     assert rec.backend_info["callable"] == f"{__name__}.attention" and "calling process" in rec.backend_info["isolation"]
+    assert "worker" not in rec.extra  # judged through the in-process channel: never pickled to a worker
     assert m.speedup() > 2  # 8x the work, measured beside it in the same run
     assert m.speedup("fn:attention_8x", over="fn:attention") < 0.5
     assert m.result_file is None and m.header["suite"]["data"]["timing"]["max_time"] == QUICK["max_time"]

@@ -247,6 +247,9 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
         planned = plan_run(pm, req)
         names, base_name = _names(plan, planned, pm, the_op)
         if len(set(b.name for b in planned.backends)) != len(planned.backends):
+            from kbench.outputs import release_result_lock
+
+            release_result_lock(path)  # plan_run took the result file's lock for a run that will not happen
             dup = sorted({b.name for b in planned.backends if [c.name for c in planned.backends].count(b.name) > 1})
             raise BadInput(f"two targets are both called {dup[0]!r}: their records would be indistinguishable",
                            where="measure(...)", fix="give one of them another NAME (kernel file) or name")

@@ -117,6 +117,10 @@ def test_bad_calls_are_refused_before_anything_runs(tmp_path):
         api.measure(tmp_path / "missing.py", cases=[CASE], device="cpu")
     with pytest.raises(BadInput, match="no backend .* matches"):
         api.measure("no-such-backend", cases=[CASE], device="cpu")
+    honest = ROOT / "tests/redteam/honest_numpy.py"
+    with pytest.raises(BadInput, match="two targets are both called 'file:honest_numpy'"):
+        api.measure(honest, str(honest), cases=[CASE], device="cpu", output=tmp_path / "dup.json")
+    assert not (tmp_path / "dup.json").exists()
     with pytest.raises(BadInput, match="seqlen"):  # the case itself is validated as a suite's grid is
         api.measure(attention, cases=[{"seqlen": -1, "heads": 2, "head_dim": 32}], device="cpu")
 

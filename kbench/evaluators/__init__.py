@@ -92,12 +92,11 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
     and is listed in ``failures`` with its reason; so is a file refused before running (no ``attention``
     function, a forbidden call found by the static checks). ``results_dir``: keep each run's result file there
     (``<dir>/<machine>/<suite>-<time>.json``). ``device``: default the device of the file's ``SUBSTRATE``
-    (a NumPy kernel is measured on the CPU even where a GPU is present). Raises :class:`EnvironmentFailure` when the harness, not the
-    kernel, failed (records of ``cause: infrastructure``, or the baseline not passing).
+    (a NumPy kernel is measured on the CPU even where a GPU is present). Raises :class:`EnvironmentFailure`
+    when the harness, not the kernel, failed (records of ``cause: infrastructure``, or the baseline not passing).
     """
-    from kbench.measurement import geomean_or_zero, measure
-
     from kbench.api import KernelFileRef, get_plugin_manager
+    from kbench.measurement import geomean_or_zero, measure
 
     path = str(program_path)
     pm = pm if pm is not None else get_plugin_manager()

@@ -1,6 +1,6 @@
 """The cost of the sandbox: an untrusted worker's start, and whole runs, with and without bubblewrap.
 
-1. Starts kbench's own untrusted worker (kbench.workers.Worker, the setup WorkerPool gives it: limits,
+1. Starts kbench's own untrusted worker (kbench.run.pool.Worker, the setup WorkerPool gives it: limits,
    the audit hook) until it reports ready, then closes it, ``--repeat`` times per mode.
 2. With ``--runs N``: ``kbench run SUITE -b KERNEL`` N times per mode, sandboxed and unsandboxed (the
    latter as a machine without user namespaces runs it: ``KBENCH_BWRAP=false --allow-unsandboxed``),

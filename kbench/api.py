@@ -92,6 +92,10 @@ SURFACE: dict[str, tuple[str, str]] = {
     "plan_run": ("kbench.run.runner", "plan_run"),
     "run_suite": ("kbench.run.runner", "run_suite"),
     "pick_device": ("kbench.run.runner", "pick_device"),
+    # measuring from Python (a test, a notebook, an evolver's evaluator): the runner of `kbench run` behind it
+    "measure": ("kbench.measurement", "measure"),
+    "Measurement": ("kbench.measurement", "Measurement"),
+    "CallableBackend": ("kbench.measurement", "CallableBackend"),
     "executor_kit": ("kbench.run.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
@@ -138,6 +142,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.hardware import (PROFILE_FILE_SCHEMA, HardwareProfile, load_profiles, match_profile,
                                  profiles_from_data)
     from kbench.kernelfile import Substrate
+    from kbench.measurement import CallableBackend, Measurement, measure
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import softmax_scale
     from kbench.plugins import PluginWarning, get_plugin_manager

@@ -8,6 +8,11 @@ Installed with kbench (entry point ``pytest11``), so these fixtures are availabl
                        (correctness on 2 seeds, a few timing samples); assert on its ``status``
 ``fake_backend``       ``fake_backend(fn, name=..., device="cpu")`` -> a Backend whose kernel is ``fn``
                        (``fn(q, k, v, out, case)``) -- for testing harness behaviour
+``kbench_measure``     ``kbench_measure(kernel, baseline="numpy-flash", cases=[...])`` -> a
+                       :class:`kbench.api.Measurement`: :func:`kbench.api.measure` (the runner of
+                       ``kbench run``: its judge, sandbox and timing) named after the test; assert
+                       ``m.passed`` and a bound on ``m.speedup()``. ``pytest --kbench-save DIR`` keeps each
+                       result file under ``DIR/<machine>/`` for ``kbench compare`` and ``kbench publish``
 
 and the helper ``imported_by(modules, candidates)`` to check that a plugin imports nothing heavy.
 """
@@ -106,6 +111,42 @@ def kbench_check(kbench_pm):
 @pytest.fixture
 def fake_backend():
     return FunctionBackend
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("kbench")
+    group.addoption("--kbench-save", metavar="DIR", default=None,
+                    help="kbench_measure keeps each measurement's result file under DIR/<machine>/, named after the "
+                         "test (compare two with `kbench compare`, chart them with `kbench publish DIR`)")
+
+
+def measurement_name(nodeid: str) -> str:
+    """A suite name (``[A-Za-z0-9_.-]+``) for a test: ``tests/test_k.py::test_a[x-1]`` -> ``test_k.test_a-x-1``.
+
+    The result files of one test share it across sessions, so ``kbench publish`` draws them as one history."""
+    import re
+
+    path, _, rest = nodeid.partition("::")
+    stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{stem}.{rest.replace('::', '.')}" if rest else stem).strip("-.")
+    return name[:120] or "test"
+
+
+@pytest.fixture
+def kbench_measure(request):
+    """``kbench_measure(*targets, **kw)`` = :func:`kbench.api.measure` with the test's name as the suite name
+    and, under ``--kbench-save DIR``, ``output=DIR`` (unless the call gives ``output``). The plugin manager is
+    the process's (``get_plugin_manager()``): plugins load once per session, not once per test."""
+    from kbench.measurement import measure
+
+    save = request.config.getoption("kbench_save", None)
+
+    def run(*targets: Any, **kw: Any):
+        kw.setdefault("name", measurement_name(request.node.nodeid))
+        if save and kw.get("output") is None:
+            kw["output"] = save
+        return measure(*targets, **kw)
+    return run
 
 
 def pytest_runtest_logreport(report: Any) -> None:

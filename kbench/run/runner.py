@@ -126,6 +126,9 @@ class RunRequest:
     devices: list[str] | None = None
     executor_address: str | None = None
     executor_settings: dict[str, str] = field(default_factory=dict)
+    #: backend objects measured besides the selection (the Python API's callables and Backend instances,
+    #: kbench.api.measure); routed like any backend: a trusted one that cannot be rebuilt in a worker runs here
+    backends: list[Backend] = field(default_factory=list)
 
 
 @dataclass
@@ -183,6 +186,11 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
                 raise BadInput(f"kernel implements op {kb.op!r} but the suite is for {op.name!r}", file=path,
                                fix="use a suite of the kernel's op")
             backends.append(kb)
+    for extra in req.backends:
+        if extra.op != op.name:
+            raise BadInput(f"backend {extra.name!r} implements op {extra.op!r} but the suite is for {op.name!r}",
+                           where="backends", fix="use a suite of the backend's op")
+        backends.append(extra)
     if not backends:
         known = sorted(b.name for b in reg.backends.values() if b.op == op.name)
         raise BadInput(f"no backend of op {op.name!r} matches {patterns}", where="-b / suite backends",

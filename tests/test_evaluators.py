@@ -23,7 +23,7 @@ SUITE = {"version": 1, "name": "evaluator-test", "op": "attention", "check": {"s
 
 
 def _sandbox_options() -> dict:
-    from kbench.sandbox import probe
+    from kbench.run.sandbox import probe
 
     return {} if probe().available else {"allow_unsandboxed": True}
 

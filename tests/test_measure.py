@@ -75,7 +75,7 @@ def test_a_wrong_answer_fails_with_the_reason_and_no_speedup_is_claimed():
 
 
 def test_kernel_files_are_untrusted_sandboxed_and_statically_checked(tmp_path):
-    from kbench.sandbox import probe
+    from kbench.run.sandbox import probe
 
     honest, cache = ROOT / "tests/redteam/honest_numpy.py", ROOT / "tests/redteam/cache_by_content.py"
     m = api.measure(str(honest), cache, cases=[CASE], device="cpu", timing=QUICK,

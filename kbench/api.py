@@ -101,6 +101,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
     "geomean": ("kbench.compare", "geomean"),
+    "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
     "parse_source": ("kbench.integrity", "parse_source"),  # ast.parse, safe from several threads
 }
 

@@ -126,6 +126,8 @@ class RunRequest:
     devices: list[str] | None = None
     executor_address: str | None = None
     executor_settings: dict[str, str] = field(default_factory=dict)
+    #: a profiler run after each record, outside its timed samples (``"ncu"``: kbench.profiling), or None
+    profile: str | None = None
 
 
 @dataclass
@@ -271,6 +273,7 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     from kbench.executors import InlineExecutor, Job
 
     existing = list(existing)
+    req = planned.request
     done = {(r["case_id"], r["backend"]) for r in existing}
     todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
     if executor is None:
@@ -303,6 +306,9 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
             while written in finished:
                 case, backend = todo[written]
                 record = finished.pop(written)
+                if req.profile:
+                    from kbench.profiling import attach_profile
+                    attach_profile(record, backend, device=planned.ctx.device.name)
                 _append(writer, record, backend, case, planned)
                 written += 1
                 if on_record is not None:

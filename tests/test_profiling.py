@@ -194,3 +194,26 @@ def test_summary_line_for_a_brief():
     assert line.startswith("ncu: 1.62 ms in 1 kernel(s)") and "tensor pipe 66.8%" in line and "168 registers" in line
     assert P.profile_summary({"status": "error", "reason": "boom"}) == "no profile (error: boom)"
     assert P.profile_summary(None) == "no profile"
+
+
+def test_an_untrusted_kernel_file_is_profiled_inside_the_sandbox(fake_ncu, tmp_path):
+    from kbench import sandbox
+    from kbench.api import KernelFileRef
+    from kbench.plugins import PluginManager
+
+    if not sandbox.probe().available:
+        pytest.skip(f"the sandbox does not work here: {sandbox.probe().describe()}")
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text('SUBSTRATE = "numpy"\nOP = "attention"\n\ndef attention(q, k, v, out, *, causal, scale):\n'
+                      '    raise NotImplementedError\n')
+    ref = KernelFileRef(kernel, PluginManager().registry)
+    record = {"backend": ref.name, "op": "attention", "case": CASE, "status": "passed"}
+    profile = P.attach_profile(record, ref, ncu=fake_ncu)
+    assert profile["sandboxed"] and profile["status"] == "ok", profile
+    assert f"--kernel-file {kernel}" in profile["command"] and profile["metrics"]["kernels"] == 4
+    # the command: bwrap with the workers' options, ncu's installation bound read-only, the allow-listed environment
+    argv, env = P.sandboxed(P.ncu_command(fake_ncu, ["true"]), fake_ncu, str(tmp_path / "scratch"))
+    assert argv[0] == sandbox.bwrap_binary() and "--unshare-all" in argv and "FAKE_NCU" not in env
+    cut = argv.index("--")
+    assert argv[cut + 1] == fake_ncu and argv[cut - 3: cut] == ["--ro-bind-try", str(tmp_path.parent),
+                                                                  str(tmp_path.parent)]

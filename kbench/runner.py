@@ -292,7 +292,9 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     finished: dict[int, dict[str, Any]] = {}  # records that came back before an earlier job's
     written = submitted = 0
-    window = max(64, 4 * ex.slots)  # jobs handed out ahead of the first unwritten one
+    # jobs handed out ahead of the first unwritten one; one at a time when profiling, so that a profile
+    # (taken while its record is written) never runs beside another record's timed samples
+    window = 1 if req.profile else max(64, 4 * ex.slots)
     try:
         while written < len(todo):
             while submitted < len(todo) and submitted - written < window:

@@ -8,8 +8,8 @@ profile, and the agent's notes (capped: older notes are reduced to their first l
 
 Where the lineage was measured with Nsight Compute (``kbench run --profile ncu``: ``record["profile"]``), the
 brief quotes the profiler's figures per case for the champion and for the latest candidate measured
-(:func:`profiles_text`): the engine keeps a record's profile as ``meta["profile"][case]["ncu"]`` of a version
-and ``attempt["profile"][case]`` of an attempt.
+(:func:`profiles_text`), read where the engine keeps a measurement's per-case profile: a record's
+``profile`` as ``["ncu"]`` of ``meta["profile"][case]`` (a version) or of ``attempt["profile"][case]``.
 """
 from __future__ import annotations
 
@@ -115,8 +115,11 @@ def profiles_text(champion, attempts, *, cases: int = 8) -> str:
     memory) of the champion and of the latest attempt that has a profile; empty when neither has one."""
     from kbench.api import profile_summary
 
-    champ = {case: p.get("ncu") for case, p in ((champion.meta.get("profile") or {}).items()) if p.get("ncu")}
-    latest = next((a for a in reversed(attempts) if a.get("profile")), None)
+    def ncu(per_case) -> dict:
+        return {case: p["ncu"] for case, p in (per_case or {}).items() if isinstance(p, dict) and p.get("ncu")}
+
+    champ = ncu(champion.meta.get("profile"))
+    latest = next((a for a in reversed(attempts) if ncu(a.get("profile"))), None)
     lines = []
     if champ:
         lines.append(f"Champion {champion.label}:")
@@ -124,7 +127,7 @@ def profiles_text(champion, attempts, *, cases: int = 8) -> str:
     if latest:
         label = latest.get("label") or latest.get("id") or "latest candidate"
         lines.append(f"Latest measured candidate ({label}, {latest.get('outcome', 'not committed')}):")
-        lines += [f"- {case}: {profile_summary(p)}" for case, p in sorted(latest["profile"].items())[:cases]]
+        lines += [f"- {case}: {profile_summary(p)}" for case, p in sorted(ncu(latest["profile"]).items())[:cases]]
     return "\n".join(lines)
 
 

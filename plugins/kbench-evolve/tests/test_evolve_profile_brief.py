@@ -16,8 +16,10 @@ def test_champion_and_latest_candidate_profiles_are_quoted_per_case():
     champion = SimpleNamespace(label="v3", meta={"profile": {
         "attention[d=128,causal]": {"median_s": 1.6e-3, "ncu": hopper},
         "attention[d=64]": {"median_s": 1e-3}}})  # measured without the profiler: left out
-    attempts = [{"label": "a1", "outcome": "rejected", "profile": {"attention[d=128,causal]": training}},
-                {"label": "a2", "outcome": "failed"}]  # the latest without a profile is not the one quoted
+    attempts = [{"label": "a1", "outcome": "rejected",
+                 "profile": {"attention[d=128,causal]": {"median_s": 3e-3, "ncu": training}}},
+                {"label": "a2", "outcome": "failed", "profile": {"attention[d=128,causal]": {"median_s": 2e-3}}}]
+    # the latest attempt without Nsight Compute's figures (a2) is not the one quoted
     text = profiles_text(champion, attempts)
     lines = text.splitlines()
     assert lines[0] == "Champion v3:"

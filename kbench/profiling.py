@@ -77,9 +77,6 @@ BY_NCU = {m.ncu: m for m in METRICS}
 _SCALE = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9,
           "s": 1e9, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9,
           "Kibyte": 1024.0, "Mibyte": 1024.0 ** 2, "KiB": 1024.0, "MiB": 1024.0 ** 2}
-#: the columns ncu writes before the metrics on the raw page
-_FIXED = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-          "Grid Size", "Device", "CC")
 
 
 class ProfileError(Exception):

@@ -105,10 +105,11 @@ SURFACE: dict[str, tuple[str, str]] = {
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
     "geomean": ("kbench.compare", "geomean"),
-    "parse_source": ("kbench.source", "parse_source"),
+    "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
+    "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads
     # the counter-based input generator (kbench.ops.inputs): a device plugin draws inputs where they live
     "philox_source": ("kbench.ops.inputs", "philox_source"),
-    "RegeneratedInputs": ("kbench.ops.inputs", "RegeneratedInputs"),  # ast.parse, safe from several threads
+    "RegeneratedInputs": ("kbench.ops.inputs", "RegeneratedInputs"),
 }
 
 __all__ = sorted(SURFACE)

@@ -64,10 +64,10 @@ def test_an_overrunning_stage_is_stopped_and_the_later_stages_run_on_its_partial
     assert "1 records, PARTIAL" in printed
     # the record's figures next to the published anchors, clocks, throttling and energy
     row = next(line for line in printed.splitlines() if line.startswith("| b=1 s=16384"))
-    assert "512.2" in row and "FA3 648 cuDNN 595" in row
+    assert "512.2" in row and "paper (H100): FA3 648 cuDNN 595" in row
     backend_row = next(line for line in printed.splitlines() if line.startswith("| triton-hopper"))
     assert all(text in backend_row for text in ("1 passed", "0.0041", "1755-1980", "| 2 ", "612", "0.0215"))
-    assert (tmp_path / "gpu-check-summary.md").read_text().count("triton-hopper") == 2
+    assert (tmp_path / "gpu-check-summary.md").read_text().count("triton-hopper") == 3  # table, status, targets
     table = gpu_check.stage_table(outcomes)
     assert "suite    timeout" in table and "stopped after its budget of 2 s" in table
 
@@ -97,17 +97,70 @@ def test_summary_of_nothing_is_a_skeleton():
     assert "PARTIAL (no result file was written)" in text and "(no records)" in text and "case (TFLOP/s)" in text
 
 
-def test_anchors_only_for_the_papers_16k_point():
+def test_anchors_only_for_the_papers_16k_point_at_hidden_size_2048():
     assert gpu_check.anchor_text(CASE_16K) == "FA3 648 cuDNN 595"
-    assert gpu_check.anchor_text({**CASE_16K, "causal": True, "head_dim": 64}) == "FA3 473 cuDNN 388"
+    d64 = {**CASE_16K, "causal": True, "head_dim": 64, "heads_q": 32, "heads_kv": 32}
+    assert gpu_check.anchor_text(d64) == "FA3 473 cuDNN 388"
+    assert gpu_check.anchor_text({**d64, "heads_q": 16, "heads_kv": 16}) == ""  # not the paper's shape
+    assert gpu_check.anchor_text({**CASE_16K, "head_dim": 256, "heads_q": 8, "heads_kv": 8}) == "FA3 756 cuDNN 581"
     assert gpu_check.anchor_text({**CASE_16K, "batch": 4, "seqlen_q": 4096, "seqlen_kv": 4096}) == ""
     assert gpu_check.anchor_text({**CASE_16K, "dtype": "fp16"}) == ""
     assert gpu_check.anchor_text(CASE_SMALL) == ""
 
 
-def test_budgets_fit_five_minutes_and_bad_overrides_are_refused():
+def _record(backend, case, status="passed", tflops=None, rel_l2=0.002):
+    return {"backend": backend, "case": case, "status": status, "metrics": {"tflops": tflops},
+            "correctness": {"rel_l2": rel_l2}, "reason": None if status == "passed" else f"rel L2 {rel_l2}",
+            "timing": {"samples": [1e-3] * 12}}
+
+
+def test_summary_names_both_anchors_the_failed_errors_and_the_targets():
+    causal = {**CASE_16K, "causal": True}
+    train = {**CASE_16K, "batch": 4, "seqlen_q": 4096, "seqlen_kv": 4096, "mode": "fwd_bwd"}
+    forward = {"complete": True, "records": [
+        _record("cudnn", CASE_16K, tflops=692.0), _record("cudnn", causal, tflops=635.0),
+        _record("triton-hopper", CASE_16K, tflops=640.0),
+        _record("triton-hopper", causal, status="failed", rel_l2=0.0986), _record("triton", causal, tflops=517.0)]}
+    tuning = {"complete": True, "records": [_record("triton-hopper[WARP_SPECIALIZE=0]", causal, tflops=580.0)]}
+    training = {"complete": True, "records": [_record("cudnn", train, tflops=591.0), _record("triton", train, tflops=270.0)]}
+    text = gpu_check.summarize(tuning, gpu_check.cudnn_figures(forward))
+    row = next(line for line in text.splitlines() if line.startswith("| b=1 s=16384 h=16 d=128 causal"))
+    assert "580" in row and "paper (H100): FA3 616; cuDNN here: 635" in row  # cuDNN from the forward file
+    own = gpu_check.summarize(forward)
+    hopper = next(line for line in own.splitlines() if line.startswith("| triton-hopper "))
+    assert "1 failed 1 passed" in hopper and "0.0986" in hopper and "12-12" in hopper
+    goals = gpu_check.targets([forward, tuning, training])
+    lines = {line.split("|")[1].strip(): line for line in goals.splitlines() if line.startswith("| b=")}
+    assert "triton-hopper 640" in lines["b=1 s=16384 h=16 d=128 full bf16"] and "0.925" in lines[
+        "b=1 s=16384 h=16 d=128 full bf16"] and "| met" in lines["b=1 s=16384 h=16 d=128 full bf16"]
+    assert "triton-hopper[WARP_SPECIALIZE=0] 580" in lines["b=1 s=16384 h=16 d=128 causal bf16"]
+    assert "0.913" in lines["b=1 s=16384 h=16 d=128 causal bf16"]
+    assert "0.457" in lines["b=4 s=4096 h=16 d=128 full bf16 fwd_bwd"] and "NOT met" in lines[
+        "b=4 s=4096 h=16 d=128 full bf16 fwd_bwd"]
+
+
+def test_split_wheels_are_put_together_and_checked(tmp_path):
+    import hashlib
+
+    payload = bytes(range(256)) * 40
+    parts = tmp_path / ".whl-parts"
+    parts.mkdir()
+    (parts / "big-1.0-py3-none-any.whl.part1").write_bytes(payload[:4000])
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "big-1.0-py3-none-any.whl.part2").write_bytes(payload[4000:])
+    (parts / "big-1.0-py3-none-any.whl.sha256").write_text(hashlib.sha256(payload).hexdigest() + "  big\n")
+    wheels, missing = gpu_check.assemble_split_wheels(tmp_path, tmp_path / "out")
+    assert missing == [] and [w.name for w in wheels] == ["big-1.0-py3-none-any.whl"]
+    assert wheels[0].read_bytes() == payload
+    (tmp_path / ".whl" / "big-1.0-py3-none-any.whl.part2").unlink()
+    (parts / "big-1.0-py3-none-any.whl.part3").write_bytes(b"x")
+    wheels, missing = gpu_check.assemble_split_wheels(tmp_path, tmp_path / "out2")
+    assert wheels == [] and "parts [1, 3]" in missing[0]
+
+
+def test_budgets_fit_one_device_call_and_bad_overrides_are_refused():
     worst = sum(gpu_check.BUDGETS.values()) + gpu_check.GRACE_S * len(gpu_check.BUDGETS)
-    assert worst <= 300
+    assert worst <= gpu_check.CALL_LIMIT_S < 600
     assert gpu_check._budgets(["suite=12"])["suite"] == 12.0
     with pytest.raises(SystemExit, match="unknown stage 'suit'"):
         gpu_check._budgets(["suit=12"])
@@ -121,23 +174,31 @@ def test_dry_run_runs_every_stage_on_the_cpu(tmp_path, capsys):
     code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "list,tests"])
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
-    assert [(s["name"], s["status"]) for s in stages] == [("machine", "ok"), ("install", "ok"), ("suite", "ok"),
-                                                          ("training", "ok"), ("summary", "ok")]
+    assert [(s["name"], s["status"]) for s in stages] == [
+        ("machine", "ok"), ("install", "ok"), ("suite", "ok"), ("tuning", "ok"), ("training", "ok"), ("profile", "ok"),
+        ("summary", "ok")]
     assert code == 0
     assert "would run (editable)" in printed
     data = json.loads((tmp_path / "gpu-check.json").read_text())
     assert data["complete"] and {r["status"] for r in data["records"]} == {"skipped"}
     cases = {gpu_check.case_label(r["case"]) for r in data["records"]}
-    assert len(cases) == 11
+    assert len(cases) == 13
+    # the FA3 paper's shapes: hidden size 2048 at 16k tokens, each row with the paper's figure
+    fa3 = [line for line in printed.splitlines() if line.startswith("| b=1 s=16384") and "paper (H100)" in line]
+    assert {line.split("|")[1].split(" d=")[1].split()[0] for line in fa3} == {"64", "128", "256"} and len(fa3) >= 6
     training = json.loads((tmp_path / "gpu-check-training.json").read_text())
-    assert training["complete"] and {r["case"]["mode"] for r in training["records"]} == {"fwd_bwd", "bwd"}
-    # the training records are summarised too, each case labelled with its mode
+    assert training["complete"] and {r["case"]["mode"] for r in training["records"]} == {"fwd_bwd"}
     assert "gpu-check-training.json" in printed and "| b=4 s=4096 h=16 d=128 causal bf16 fwd_bwd" in printed
-    assert sum("FA3 " in line for line in printed.splitlines() if line.startswith("| b=")) == 4
+    tuning = json.loads((tmp_path / "gpu-check-tuning.json").read_text())
+    assert len({r["backend"] for r in tuning["records"]}) == 4 and len(tuning["records"]) == 16
+    # the profile stage asked for Nsight Compute on its two records: skipped on the cpu, with the reason
+    profiled = json.loads((tmp_path / "gpu-check-profile.json").read_text())["records"]
+    assert sorted(r["backend"] for r in profiled) == ["cudnn", "triton-hopper"]
+    assert all(r["profile"]["status"] == "skipped" for r in profiled) and "profiles (Nsight Compute" in printed
 
 
 def test_dry_run_with_a_suite_cut_short_still_summarises(tmp_path, capsys):
-    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,training,tests",
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,tuning,training,profile,tests",
                            "--budget", "suite=0.05"])
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())

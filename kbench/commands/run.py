@@ -54,10 +54,14 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--progress/--no-progress", default=None, help="Progress display (default: when stderr is a terminal).")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
               show_default=True, help="Format of the table printed at the end.")
+@click.option("--profile", type=click.Choice(["ncu"]), default=None,
+              help="After each passed record, profile it with Nsight Compute outside the timed samples "
+                   "(record['profile']; `kbench show --profile`). See docs/gpu.md.")
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
                 allow_unsandboxed,
-                max_cases, force, allow_different_machine, executor, devices, address, executor_opts, progress, fmt):
+                max_cases, force, allow_different_machine, executor, devices, address, executor_opts, progress, fmt,
+                profile):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
@@ -91,6 +95,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
 
     req.executor, req.devices, req.executor_address = executor, parse_devices(devices), address
     req.executor_settings = _executor_settings(executor_opts)
+    req.profile = profile
     planned = plan_run(pm, req)
     work = planned.work()
     done = {(r["case_id"], r["backend"]) for r in existing}

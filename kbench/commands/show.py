@@ -10,7 +10,9 @@ from kbench.tables import FORMATS, records_table, status_summary
 @click.argument("result", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
-def show_command(result, fmt, keyword):
+@click.option("--profile", "profile", is_flag=True, help="Also the Nsight Compute profile of each record "
+                                                          "(`kbench run --profile ncu`).")
+def show_command(result, fmt, keyword, profile):
     """Print the records of RESULT (a result JSON file)."""
     from kbench.record import as_records
     from kbench.results import load_result
@@ -28,3 +30,7 @@ def show_command(result, fmt, keyword):
     click.echo(records_table(records, fmt))
     if fmt in ("table", "markdown"):
         click.echo(f"\n{status_summary(records)}")
+    if profile:
+        from kbench.profiling import profile_table
+
+        click.echo(f"\nProfiles (Nsight Compute, outside the timed samples):\n{profile_table(records, fmt)}")

@@ -195,6 +195,11 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
         tables.append((f"records-{run.label}", f"Records of {run.label}",
                        html_table(RECORD_HEADERS, [record_row(r) for r in recs], classes=[r.status.value for r in recs],
                                   numeric=(3, 4, 5, 6, 8)) + note))
+        from kbench.profiling import PROFILE_HEADERS, profile_rows
+
+        if profile_rows(recs):
+            tables.append((f"profiles-{run.label}", f"Nsight Compute profiles of {run.label} (outside the timed "
+                           "samples)", html_table(PROFILE_HEADERS, profile_rows(recs), numeric=range(2, 10))))
     names = ", ".join(dict.fromkeys(r.data["suite"]["name"] for r in runs))
     return page(title=f"kbench: {names}", runs=runs, summary_cards=cards, figures=figs, tables=tables,
                 svg_of=svg_of)

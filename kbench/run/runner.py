@@ -129,6 +129,8 @@ class RunRequest:
     #: backend objects measured besides the selection (the Python API's callables and Backend instances,
     #: kbench.api.measure); routed like any backend: a trusted one that cannot be rebuilt in a worker runs here
     backends: list[Backend] = field(default_factory=list)
+    #: a profiler run after each record, outside its timed samples (``"ncu"``: kbench.profiling), or None
+    profile: str | None = None
 
 
 @dataclass
@@ -279,6 +281,7 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     from kbench.run.executors import InlineExecutor, Job
 
     existing = list(existing)
+    req = planned.request
     done = {(r["case_id"], r["backend"]) for r in existing}
     todo = [(c, b) for c, b in planned.work() if (c.id, b.name) not in done]
     if executor is None:
@@ -297,7 +300,9 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     finished: dict[int, dict[str, Any]] = {}  # records that came back before an earlier job's
     written = submitted = 0
-    window = max(64, 4 * ex.slots)  # jobs handed out ahead of the first unwritten one
+    # jobs handed out ahead of the first unwritten one; one at a time when profiling, so that a profile
+    # (taken while its record is written) never runs beside another record's timed samples
+    window = 1 if req.profile else max(64, 4 * ex.slots)
     try:
         while written < len(todo):
             while submitted < len(todo) and submitted - written < window:
@@ -311,6 +316,9 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
             while written in finished:
                 case, backend = todo[written]
                 record = finished.pop(written)
+                if req.profile:
+                    from kbench.profiling import attach_profile
+                    attach_profile(record, backend, device=planned.ctx.device.name)
                 _append(writer, record, backend, case, planned)
                 written += 1
                 if on_record is not None:

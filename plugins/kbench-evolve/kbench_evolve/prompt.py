@@ -5,6 +5,11 @@ model would otherwise have to guess or spend tool calls on: the device and its r
 and the kernel-file contract, the tolerances, the suite's cases, the budgets left and what each tool
 costs, the patch format with an example, how to give up, the champion's source with its per-case
 profile, and the agent's notes (capped: older notes are reduced to their first line).
+
+Where the lineage was measured with Nsight Compute (``kbench run --profile ncu``: ``record["profile"]``), the
+brief quotes the profiler's figures per case for the champion and for the latest candidate measured
+(:func:`profiles_text`), read where the engine keeps a measurement's per-case profile: a record's
+``profile`` as ``["ncu"]`` of ``meta["profile"][case]`` (a version) or of ``attempt["profile"][case]``.
 """
 from __future__ import annotations
 
@@ -105,6 +110,27 @@ def memory_text(memory: str, cap: int = 6000) -> str:
                                                                                      for e in recent)
 
 
+def profiles_text(champion, attempts, *, cases: int = 8) -> str:
+    """Nsight Compute's figures per case (duration, occupancy, tensor pipe, DRAM, registers, spills, shared
+    memory) of the champion and of the latest attempt that has a profile; empty when neither has one."""
+    from kbench.api import profile_summary
+
+    def ncu(per_case) -> dict:
+        return {case: p["ncu"] for case, p in (per_case or {}).items() if isinstance(p, dict) and p.get("ncu")}
+
+    champ = ncu(champion.meta.get("profile"))
+    latest = next((a for a in reversed(attempts) if ncu(a.get("profile"))), None)
+    lines = []
+    if champ:
+        lines.append(f"Champion {champion.label}:")
+        lines += [f"- {case}: {profile_summary(p)}" for case, p in sorted(champ.items())[:cases]]
+    if latest:
+        label = latest.get("label") or latest.get("id") or "latest candidate"
+        lines.append(f"Latest measured candidate ({label}, {latest.get('outcome', 'not committed')}):")
+        lines += [f"- {case}: {profile_summary(p)}" for case, p in sorted(ncu(latest["profile"]).items())[:cases]]
+    return "\n".join(lines)
+
+
 def brief(ctx, *, memory_cap: int = 6000) -> str:
     champ = ctx.champion()
     glob = src.module_globals(champ.source)
@@ -126,6 +152,8 @@ def brief(ctx, *, memory_cap: int = 6000) -> str:
                         f"{(v.meta.get('rationale') or '')[:160]}" for v in ctx.lineage.versions()[-8:])
     rejected = [a for a in ctx.lineage.attempts() if a.get("outcome") == "rejected"][-6:]
     tried = "\n".join(f"- {a.get('rationale', '')[:100]} -> {a.get('reason', '')[:140]}" for a in rejected)
+    profiles = profiles_text(champ, ctx.lineage.attempts())
+    profiles = f"\nProfiler (Nsight Compute, outside the timed samples):\n{profiles}\n" if profiles else ""
     return f"""Lineage {ctx.lineage.name}; {hardware_text(ctx)}.
 Substrate: {substrate} (the kernel receives {_substrate_arrays(substrate)}).
 Correctness: relative L2 error against a float64 reference below fp32 1e-5, fp16 1e-3, bf16 1e-2; no NaN/Inf;
@@ -142,7 +170,7 @@ Recent rejected attempts (do not repeat them):
 
 Champion {champ.label}: {champ.geomean:.4g} TFLOP/s geomean; per case (its profile when committed):
 {chr(10).join(rows)}
-
+{profiles}
 Champion source:
 ```python
 {champ.source}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kbench.enums import DType
-from kbench_torch.interop import as_torch, torch_dtype
+from kbench.api import as_torch, torch_dtype
 
 
 @pytest.mark.parametrize("dtype", list(DType))
@@ -54,7 +54,7 @@ def test_cupy_views_share_memory():
         pytest.skip(f"no CUDA GPU for CuPy and torch: {reason or 'CPU-only torch'}")
     import cupy
 
-    from kbench_torch.interop import to_device_array
+    from kbench.api import to_device_array
 
     bits = cupy.asarray(np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16).view(np.uint16))
     t = as_torch(bits, DType.BF16)

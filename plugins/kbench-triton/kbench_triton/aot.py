@@ -14,6 +14,12 @@ sm_90+); and the ``triton`` backend's two backward kernels ``triton-bwd-dkdv`` a
 The PTX of each compiled configuration states which Hopper features the compiler used: TMA
 (``cp.async.bulk.tensor``), ``wgmma`` and register reallocation between warp roles (``setmaxnreg``); the TTGIR whether the loop was warp-specialised (``ttg.warp_specialize``).
 ``emit_ptx`` writes that PTX to a directory, one file per configuration.
+
+For a warp-specialised kernel the TTGIR also shows how Triton split the work (``analyse_warp_specialization``):
+how many consumer warpgroups run ``wgmma`` and how many query rows each one's products have (two
+consumers of BLOCK_M / 2 rows each, or two that both compute the whole tile: duplicated work), and whether
+a consumer adds its half's row offset twice (a TMA coordinate that the data partitioner shifted and that
+also feeds a row index tensor built on a shifted ``tl.arange``: a wrong causal mask, docs/triton.md).
 """
 from __future__ import annotations
 
@@ -64,8 +70,10 @@ KERNELS = {
     "triton": KernelSpec("triton", "kbench_triton.seeds.triton_attention_seed", "attention_fwd_kernel",
                          ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION", "STORE_LSE"), 80, DTYPES,
                          fixed=(("STORE_LSE", False),)),
+    # key lengths that are multiples of BLOCK_N, as kbench's benchmark shapes are (EVEN_KV: no ragged-key mask)
     "triton-hopper": KernelSpec("triton-hopper", "kbench_triton.seeds.triton_hopper_seed", "attention_hopper_kernel",
-                                ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "WARP_SPECIALIZE"), 90, ("bf16", "fp16")),
+                                ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "WARP_SPECIALIZE", "EVEN_KV"), 90,
+                                ("bf16", "fp16"), fixed=(("EVEN_KV", True),)),
     "triton-bwd-dkdv": KernelSpec("triton", "kbench_triton.backward", "bwd_dkdv_kernel",
                                   ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "DOT_PRECISION"), 80, DTYPES,
                                   config_key="dkdv"),
@@ -112,7 +120,17 @@ class CompileReport:
     tma: bool | None = None
     wgmma: bool | None = None
     setmaxnreg: bool | None = None
+    #: warp-specialised kernels: the query rows of each consumer warpgroup's products (TTGIR)
+    ws_consumer_rows: list[int] | None = None
+    #: warp-specialised kernels: TMA coordinates whose shifted value also feeds a shifted row range
+    ws_double_shift: list[str] | None = None
     ptx_path: str | None = None
+
+    @property
+    def ws_duplicated(self) -> bool:
+        """Every consumer warpgroup computes the whole BLOCK_M-row tile: the same products done twice."""
+        rows = self.ws_consumer_rows or []
+        return len(rows) > 1 and all(r == self.BLOCK_M for r in rows)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -226,7 +244,11 @@ def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None
     ptx = compiled.asm.get("ptx", "")
     for key, value in ptx_features(ptx).items():
         setattr(report, key, value)
-    report.warp_specialized = "ttg.warp_specialize" in str(compiled.asm.get("ttgir", ""))
+    ttgir = str(compiled.asm.get("ttgir", ""))
+    report.warp_specialized = "ttg.warp_specialize" in ttgir
+    if report.warp_specialized:
+        ws = analyse_warp_specialization(ttgir)
+        report.ws_consumer_rows, report.ws_double_shift = list(ws.consumer_rows), list(ws.double_shift)
     if emit_ptx is not None:
         path = Path(emit_ptx) / ptx_file_name(target, config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +260,55 @@ def compile_one(target: Target, config: dict, emit_ptx: str | Path | None = None
         report.status = "too-much-smem"
         report.message = f"{report.shared} bytes of shared memory > {limit} allowed per block on sm_{target.arch}"
     return report
+
+
+@dataclass(frozen=True)
+class WarpSpecialization:
+    """How Triton split a warp-specialised kernel, read from its TTGIR."""
+
+    #: per consumer partition (a region that runs ``wgmma``), the rows (M) of its first product
+    consumer_rows: tuple[int, ...]
+    #: consumer partitions' TMA coordinates that the data partitioner shifted (``%c = arith.addi %x, %cK``)
+    #: and that also feed, through ``tt.splat``, an add with a ``tt.make_range`` that does not start at 0:
+    #: the half's offset counted twice in a row index
+    double_shift: tuple[str, ...]
+
+
+_REGION = re.compile(r"^\s*(default \{|partition\d+\()", re.M)
+_DOT_ROWS = re.compile(r"ttng\.warp_group_dot .*?-> tensor<(\d+)x\d+x")
+_TMA_COORD = re.compile(r"ttng\.async_tma_copy_(?:global_to_local|local_to_global) %[\w.#]+\[(%[\w.#]+),")
+_DEF = re.compile(r"^\s*(%[\w.#]+) = (\S+) ([^{:]*)", re.M)
+
+
+def analyse_warp_specialization(ttgir: str) -> WarpSpecialization:
+    """The consumer warpgroups of a ``ttg.warp_specialize`` op and the double-shift hazard (see the class)."""
+    start = ttgir.find("ttg.warp_specialize(")
+    marks = [m.start() for m in _REGION.finditer(ttgir, start if start >= 0 else len(ttgir))]
+    regions = [ttgir[a:b] for a, b in zip(marks, marks[1:] + [len(ttgir)])]
+    rows, hazards = [], []
+    for index, region in enumerate(regions):
+        dots = _DOT_ROWS.findall(region)
+        if not dots:
+            continue
+        rows.append(int(dots[0]))
+        defs = {name: (op, operands.replace(",", " ").split()) for name, op, operands in _DEF.findall(region)}
+
+        def is_op(name, op):
+            return defs.get(name, ("", []))[0] == op
+
+        def shifted_range(name):
+            return is_op(name, "tt.make_range") and not re.search(
+                rf"^\s*{re.escape(name)} = tt\.make_range \{{[^}}]*start = 0 :", region, re.M)
+
+        shifted = {c for c in _TMA_COORD.findall(region)
+                   if is_op(c, "arith.addi") and any(o.startswith("%c") for o in defs[c][1])}
+        splats = {name for name, (op, operands) in defs.items() if op == "tt.splat" and operands[:1] and
+                  operands[0] in shifted}
+        for name, (op, operands) in defs.items():
+            if op == "arith.addi" and any(o in splats for o in operands) and any(shifted_range(o) for o in operands):
+                coord = defs[next(o for o in operands if o in splats)][1][0]
+                hazards.append(f"region {index}: {coord} (a shifted TMA coordinate) + a shifted tl.arange in {name}")
+    return WarpSpecialization(tuple(rows), tuple(hazards))
 
 
 def tunable_space(kernel: str = "triton") -> list[dict]:
@@ -295,9 +366,11 @@ def plan(archs: Iterable[int], head_dims: Iterable[int], dtypes: Iterable[str], 
 
 
 def failures(reports: list[CompileReport], *, every_config: bool) -> list[CompileReport]:
-    """Compile errors always fail; a configuration over the shared-memory limit fails only when the
-    backends ship it (in a sweep of every combination it is a finding: that corner cannot launch)."""
-    return [r for r in reports if r.status == "error" or (r.status == "too-much-smem" and not every_config)]
+    """Compile errors and a double-shifted row index (wrong results) always fail; a configuration over the
+    shared-memory limit fails only when the backends ship it (in a sweep of every combination it is a
+    finding: that corner cannot launch)."""
+    return [r for r in reports if r.status == "error" or r.ws_double_shift or
+            (r.status == "too-much-smem" and not every_config)]
 
 
 def sweep(jobs: Iterable[tuple[Target, dict]]) -> list[CompileReport]:
@@ -308,12 +381,24 @@ def _yes_no(value: bool | None) -> str:
     return "" if value is None else ("yes" if value else "no")
 
 
+def _ws_cell(r: CompileReport) -> str:
+    """``asked/yes 2x64`` (two consumers of 64 rows), ``... dup`` (both compute the whole tile), ``... SHIFT``
+    (a double-shifted row index: wrong under a causal mask)."""
+    if r.warp_specialize is None:
+        return ""
+    cell = f"{'asked' if r.warp_specialize else 'off'}/{_yes_no(r.warp_specialized)}"
+    if r.ws_consumer_rows:
+        rows = set(r.ws_consumer_rows)
+        cell += f" {len(r.ws_consumer_rows)}x{rows.pop() if len(rows) == 1 else '/'.join(map(str, r.ws_consumer_rows))}"
+        cell += " dup" if r.ws_duplicated else ""
+    return cell + (" SHIFT" if r.ws_double_shift else "")
+
+
 def table_rows(reports: list[CompileReport]) -> tuple[tuple[str, ...], list[tuple]]:
     headers = ("kernel", "arch", "d", "dtype", "mask", "BLOCK_M", "BLOCK_N", "warps", "stages", "ws", "regs",
                "spill st/ld", "stack", "smem KiB", "TMA", "wgmma", "setmaxnreg", "s", "status")
     rows = [(r.kernel, f"sm_{r.arch}", r.head_dim, r.dtype, "causal" if r.causal else "full", r.BLOCK_M, r.BLOCK_N,
-             r.num_warps, r.num_stages, "" if r.warp_specialize is None else
-             f"{'asked' if r.warp_specialize else 'off'}/{_yes_no(r.warp_specialized)}", r.registers,
+             r.num_warps, r.num_stages, _ws_cell(r), r.registers,
              "" if r.spill_stores is None else f"{r.spill_stores}/{r.spill_loads}", r.stack,
              "" if r.shared is None else f"{r.shared / 1024:.0f}", _yes_no(r.tma), _yes_no(r.wgmma),
              _yes_no(r.setmaxnreg), f"{r.seconds:.1f}", r.status if not r.message or r.status == "too-much-smem"

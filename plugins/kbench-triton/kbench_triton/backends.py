@@ -25,6 +25,18 @@ SEED_PATH = Path(__file__).parent / "seeds" / "triton_attention_seed.py"
 HOPPER_SEED_PATH = Path(__file__).parent / "seeds" / "triton_hopper_seed.py"
 #: the Hopper seed's TUNABLES, mirrored like TUNABLE_NAMES
 HOPPER_TUNABLE_NAMES = (*TUNABLE_NAMES, "WARP_SPECIALIZE")
+#: the ``triton`` backend's backward tiles (modes bwd, fwd_bwd): "BLOCK_M/BLOCK_N/num_warps/num_stages" of its
+#: dK/dV and dQ kernels, e.g. ``triton[bwd_dkdv=32/128/8/2]``; None: ``backward.bwd_config``'s table
+BWD_TUNABLE_NAMES = ("bwd_dkdv", "bwd_dq")
+_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def parse_tiles(name: str, text: str) -> dict[str, int]:
+    """``"32/128/8/2"`` -> {BLOCK_M: 32, BLOCK_N: 128, num_warps: 8, num_stages: 2}; ValueError naming ``name``."""
+    parts = str(text).split("/")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"tunable {name}={text!r}: write BLOCK_M/BLOCK_N/num_warps/num_stages, e.g. 32/128/8/2")
+    return dict(zip(_TILE_KEYS, (int(p) for p in parts)))
 
 
 def kernel_module():
@@ -57,8 +69,11 @@ class TritonAttention(Backend):
     op = "attention"
     device = "cuda"
     description = "kbench's Triton kernel (FlashAttention-2 algorithm), configuration per shape"
-    tunables = {n: Tunable(None, (), f"{n}; None: from the seed's CONFIGS table for the shape")
-                for n in TUNABLE_NAMES}
+    tunables = {**{n: Tunable(None, (), f"{n}; None: from the seed's CONFIGS table for the shape")
+                   for n in TUNABLE_NAMES},
+                **{n: Tunable(None, (), f"backward {n[4:]} kernel tiles BLOCK_M/BLOCK_N/num_warps/num_stages "
+                                        f"(e.g. 32/128/8/2); None: backward.bwd_config's table")
+                   for n in BWD_TUNABLE_NAMES}}
     source_path = str(SEED_PATH)
     #: the kernel module's accessor (the subclass for Hopper swaps it)
     module = staticmethod(kernel_module)
@@ -79,7 +94,7 @@ class TritonAttention(Backend):
 
     def config(self, case: Case) -> dict[str, int]:
         config = self.module().config_for(case["head_dim"], case["causal"], str(case.dtype))
-        return {**config, **self.settings}
+        return {**config, **{k: v for k, v in self.settings.items() if k not in BWD_TUNABLE_NAMES}}
 
     def _launcher(self, case: Case) -> Callable[..., None]:
         mod, config = self.module(), self.config(case)
@@ -103,9 +118,12 @@ class TritonAttention(Backend):
         deterministic backward); the tunables set the forward's tiles, the backward's come from its table."""
         from kbench_triton import backward
 
+        tiles = backward.bwd_config(case["head_dim"], str(case.dtype))
+        for name in BWD_TUNABLE_NAMES:
+            if self.settings.get(name) is not None:
+                tiles[name[4:]] = parse_tiles(name, self.settings[name])
         return backward.TritonTraining(causal=case["causal"], scale=softmax_scale(case), dtype=case.dtype,
-                                       fwd_config=self.config(case),
-                                       bwd_config=backward.bwd_config(case["head_dim"], str(case.dtype)))
+                                       fwd_config=self.config(case), bwd_config=tiles)
 
     def info(self) -> dict[str, Any]:
         return {"triton": runtime.triton_version(), "settings": dict(self.settings), "source": self.source_path}

@@ -4,7 +4,7 @@ Started by test_interpreter.py as ``TRITON_INTERPRET=1 python interpret_worker.p
 variable must be set before triton is imported, so these runs live in their own process and the
 setting never reaches the pytest process. Each check goes through kbench's own execution path
 (poisoned output, two seeds, float64 reference, inputs unchanged) on the ``cpu`` device: the
-harness's NumPy arrays become CPU torch tensors through ``kbench_torch.interop.as_torch``.
+harness's NumPy arrays become CPU torch tensors through ``kbench.api.as_torch``.
 
 The interpreter computes bf16 wrongly (triton issue 11584), so the checks here use fp32 and fp16;
 bf16 is checked on a GPU (docs/triton.md).

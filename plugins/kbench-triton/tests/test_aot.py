@@ -103,16 +103,53 @@ def test_every_tunable_combination_compiles_for_sm90():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_hopper_kernel_uses_tma_wgmma_and_setmaxnreg_on_sm90(head_dim, tmp_path):
-    # the warp-specialised path (shipped for non-causal head_dim 128; causal runs the two-loop path, which
-    # the H200 found correct where this one is not with a causal mask: docs/gpu.md)
-    config = {**aot._kernel_module("triton-hopper").config_for(head_dim, False, "bf16"), "WARP_SPECIALIZE": 1}
-    report = aot.compile_one(aot.Target(90, head_dim, "bf16", False, "triton-hopper"), config, emit_ptx=tmp_path)
+def test_hopper_kernel_uses_tma_wgmma_and_setmaxnreg_and_splits_the_rows_once_on_sm90(head_dim, tmp_path):
+    # the warp-specialised path with a causal mask: two consumer warpgroups of 64 rows each, and no TMA
+    # coordinate of theirs reused as the base of a shifted row index (the data partition's double shift)
+    config = {**aot._kernel_module("triton-hopper").config_for(head_dim, True, "bf16"), "WARP_SPECIALIZE": 1,
+              "BLOCK_M": 128}
+    target = aot.Target(90, head_dim, "bf16", True, "triton-hopper")
+    report = aot.compile_one(target, config, emit_ptx=tmp_path)
     _assert_launchable(report)
     assert (report.tma, report.wgmma, report.warp_specialize, report.warp_specialized, report.setmaxnreg) == \
         (True, True, True, True, True), report
-    ptx = (tmp_path / aot.ptx_file_name(aot.Target(90, head_dim, "bf16", False, "triton-hopper"), config)).read_text()
+    assert report.ws_consumer_rows == [64, 64] and not report.ws_duplicated, report
+    assert report.ws_double_shift == [] and aot.failures([report], every_config=False) == []
+    ptx = (tmp_path / aot.ptx_file_name(target, config)).read_text()
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
+
+
+def test_a_row_index_built_on_the_tma_coordinate_is_flagged_as_shifted_twice():
+    # the pattern the Hopper kernel had (offs_m = start_m + tl.arange) in a minimal warp-specialised loop
+    import sys
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ws_shifted_rows_kernel import shifted_rows_kernel
+
+    sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "seqlen": "i32", "qk_scale": "fp32",
+           "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
+    compiled = triton.compile(ASTSource(shifted_rows_kernel, sig, dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64),
+                                        attrs={(i,): [["tt.divisibility", 16]] for i in range(5)}),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    ws = aot.analyse_warp_specialization(compiled.asm["ttgir"])
+    assert ws.consumer_rows == (64, 64)
+    assert len(ws.double_shift) == 1 and "shifted TMA coordinate" in ws.double_shift[0], ws
+    report = aot.CompileReport(90, 64, "bf16", True, 128, 64, 4, 2, kernel="triton-hopper",
+                               ws_double_shift=list(ws.double_shift))
+    assert aot.failures([report], every_config=True) == [report]
+
+
+def test_64_row_blocks_give_both_consumers_the_whole_tile():
+    # too few rows to split between two warpgroups: Triton keeps two consumers that do the same products
+    report = aot.compile_one(aot.Target(90, 64, "bf16", True, "triton-hopper"),
+                             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, WARP_SPECIALIZE=1))
+    assert report.status == "ok" and report.warp_specialized and report.ws_consumer_rows == [64, 64], report
+    assert report.ws_duplicated and "dup" in aot.table_rows([report])[1][0][9]
 
 
 def test_fa2_kernel_uses_no_tma_and_hopper_kernel_without_ws_no_setmaxnreg():

@@ -4,6 +4,12 @@ Skipped here (no GPU): scripts/gpu-check and docs/triton.md say how a GPU sessio
 """
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kbench_triton import runtime
@@ -59,6 +65,101 @@ def test_hopper_backend_passes_kbench_checks(kbench_pm, kbench_case, kbench_chec
     rec = kbench_check(backend, kbench_case(**params))
     assert rec["status"] == "passed", rec.get("reason")
     assert rec["correctness"]["rel_l2"] <= rec["correctness"]["bound"]
+
+
+CAUSAL_16BIT = [p for p in CASES if p["causal"] and p["dtype"] != "fp32"]
+
+
+@pytest.mark.parametrize("ws", [1, 0], ids=["warp-specialised", "two-loop"])
+@pytest.mark.parametrize("params", CAUSAL_16BIT, ids=[_ids(p) for p in CAUSAL_16BIT])
+def test_hopper_kernel_is_right_under_causal_masks_in_both_loop_forms(kbench_pm, kbench_case, kbench_check, params,
+                                                                    ws):
+    # warp specialisation split the rows of a 128-row block between two consumer warpgroups and shifted the
+    # second one's row index twice (docs/triton.md); the kernel keeps the block base out of the row tensor
+    from kbench_triton.backends import TritonHopperAttention
+
+    backend = TritonHopperAttention(WARP_SPECIALIZE=ws)
+    if backend.available():
+        pytest.skip(backend.available())
+    rec = kbench_check(backend, kbench_case(**params))
+    assert rec["status"] == "passed", rec.get("reason")
+
+
+#: one causal 16k-token case, checked on every row against a float64 reference (kbench's checks sample rows)
+SEQ_16K, HEADS_16K, D_16K = 16384, 4, 128
+
+
+@pytest.fixture(scope="module")
+def causal_16k():
+    """bf16 inputs and their float64 causal attention (computed on the GPU in 2048-row chunks, each against the
+    keys it sees), as float32 (batch 1, 16384, 4 heads, 128)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(16384)
+    q, k, v = (torch.randn(1, SEQ_16K, HEADS_16K, D_16K, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    ref = torch.empty(SEQ_16K, HEADS_16K, D_16K, device="cuda", dtype=torch.float32)
+    scale = D_16K ** -0.5
+    rows = 2048
+    for h in range(HEADS_16K):
+        qh, kh, vh = (t[0, :, h].double() for t in (q, k, v))
+        for r0 in range(0, SEQ_16K, rows):
+            r1 = r0 + rows
+            s = (qh[r0:r1] @ kh[:r1].T) * scale
+            future = torch.arange(r1, device="cuda")[None, :] > torch.arange(r0, r1, device="cuda")[:, None]
+            s.masked_fill_(future, float("-inf"))
+            ref[r0:r1, h] = (torch.softmax(s, dim=1) @ vh[:r1]).float()
+    return q, k, v, ref
+
+
+@pytest.mark.parametrize("kernel", ["triton-hopper", "triton"])
+def test_every_row_of_a_causal_16k_case_matches_the_float64_reference(causal_16k, kernel):
+    import torch
+
+    from kbench_triton.backends import hopper_module, kernel_module
+
+    if kernel == "triton-hopper" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the Hopper kernel needs compute capability 9.0")
+    q, k, v, ref = causal_16k
+    mod = hopper_module() if kernel == "triton-hopper" else kernel_module()
+    out = torch.full_like(q, float("nan"))
+    mod.attention(q, k, v, out, causal=True, scale=D_16K ** -0.5, **mod.config_for(D_16K, True, "bf16"))
+    got = out[0].float()
+    err = (got - ref).norm(dim=2) / ref.norm(dim=2)  # (row, head)
+    worst = int(err.argmax())
+    assert torch.isfinite(got).all(), f"{kernel}: {int((~torch.isfinite(got)).sum())} elements not written/finite"
+    assert float(err.max()) <= 1e-2, (f"{kernel}: row {worst // HEADS_16K}, head {worst % HEADS_16K} has relative "
+                                      f"L2 error {float(err.max()):.3g} > 0.01; rows over: "
+                                      f"{int((err > 1e-2).any(dim=1).sum())} of {SEQ_16K}")
+    assert float((got - ref).norm() / ref.norm()) <= 1e-2
+
+
+SANITIZER_WORKER = Path(__file__).with_name("sanitize_worker.py")
+#: compute-sanitizer's messages when it cannot run on this machine (seen under gVisor: docs/gpu.md)
+SANITIZER_CANNOT_RUN = ("Device not supported", "Failed to initialize", "LibraryNotLoaded")
+
+
+def _compute_sanitizer() -> str | None:
+    for candidate in (shutil.which("compute-sanitizer"),
+                      os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_compute_sanitizer_finds_nothing_in_the_triton_kernels(tool):
+    sanitizer = _compute_sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not on PATH nor in $CUDA_HOME/bin")
+    proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "97", sys.executable, str(SANITIZER_WORKER)],
+                          capture_output=True, text=True, timeout=420)
+    text = proc.stdout + proc.stderr
+    cannot = next((m for m in SANITIZER_CANNOT_RUN if m in text), None)
+    if cannot and "triton forward" not in text:
+        pytest.skip(f"compute-sanitizer cannot run on this machine: {cannot}")
+    assert "triton backward" in text, text[-3000:]
+    assert proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text, text[-6000:]
 
 
 #: few shapes: each (head_dim, causal, dtype) compiles four kernels, inside scripts/gpu-check's test budget

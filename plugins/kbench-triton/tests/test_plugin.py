@@ -86,6 +86,20 @@ def test_settings_override_the_shape_table(kbench_case):
         TritonAttention(BLOCK_K=32)
 
 
+def test_backward_tiles_are_set_per_run_and_leave_the_forward_alone(kbench_pm, kbench_case):
+    pytest.importorskip("triton")
+    from kbench_triton import backward
+
+    case = kbench_case(batch=1, seqlen=256, heads=4, head_dim=128, causal=True, dtype="bf16", mode="fwd_bwd")
+    (tuned,) = kbench_pm.registry.select_backends("attention", ["triton[bwd_dkdv=32/128/8/2]"])
+    kernel = tuned.prepare(case)
+    assert kernel.bwd_config["dkdv"] == dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2)
+    assert kernel.bwd_config["dq"] == backward.bwd_config(128, "bf16")["dq"]
+    assert kernel.fwd_config == TritonAttention().config(case)  # the forward's tiles are not touched
+    with pytest.raises(ValueError, match="BLOCK_M/BLOCK_N/num_warps/num_stages"):
+        TritonAttention(bwd_dq="128/64").prepare(case)
+
+
 def test_unsupported_head_dim_is_a_reason(kbench_case):
     pytest.importorskip("triton")
     assert "power of two" in TritonAttention().supports(kbench_case(seqlen=64, heads=2, head_dim=96))

@@ -14,9 +14,11 @@ key loop: unmasked blocks first, then the diagonal/ragged ones), with what Trito
 - **Warp specialisation** (``tl.range(..., warp_specialize=True)``, tunable ``WARP_SPECIALIZE``): Triton
   splits the key loop into producer warps that issue the TMA loads and consumer warpgroups that run the
   two ``wgmma`` products and the softmax, handing tiles over through ``mbarrier``-guarded shared-memory
-  stages, and moves registers from producers to consumers (``setmaxnreg``). Triton versions that cannot
+  stages, and moves registers from producers to consumers (``setmaxnreg``). With ``num_warps=4`` and 128-row
+  blocks each of the two consumer warpgroups gets 64 rows; the row indices are built without the block's
+  base so that Triton's row split shifts them once (see ``_fold_block``). Triton versions that cannot
   specialise this loop for sm_90 still pipeline it (``num_stages``): ``kbench triton-aot --emit-ptx``
-  states per configuration which of TMA, wgmma and setmaxnreg the PTX contains.
+  states per configuration which of TMA, wgmma and setmaxnreg the PTX contains and how the rows were split.
 
 Requirements of TMA: 16-byte aligned bases and row strides (kbench's contiguous layouts satisfy them
 for head_dim >= 8 in 16-bit types) and a contiguous head_dim.
@@ -32,32 +34,39 @@ SUBSTRATE = "triton"
 OP = "attention"
 
 #: The kernel's knobs (read by the backend, the AOT check and the evolve plugin's ``mutate``); the
-#: defaults fit every supported head dim (up to 256) in sm_90's 227 KiB of shared memory.
+#: defaults fit every supported head dim (up to 256) in sm_90's 227 KiB of shared memory. Warp specialisation
+#: only pays with 128-row blocks: with 64 rows Triton cannot split them between its two consumer
+#: warpgroups and both compute the whole tile (docs/triton.md), hence the default 0.
 TUNABLES = {
     "BLOCK_M": {"default": 64, "choices": [64, 128], "help": "query rows per program"},
     "BLOCK_N": {"default": 64, "choices": [64, 128], "help": "key rows per TMA load and inner-loop step"},
     "num_warps": {"default": 4, "choices": [4, 8], "help": "warps per program (consumer warpgroups x 4)"},
     "num_stages": {"default": 2, "choices": [2, 3, 4], "help": "shared-memory stages of the K/V ring"},
-    "WARP_SPECIALIZE": {"default": 1, "choices": [0, 1], "help": "producer/consumer warp specialisation"},
+    "WARP_SPECIALIZE": {"default": 0, "choices": [0, 1], "help": "producer/consumer warp specialisation"},
 }
 
-#: (head_dim, causal) -> configuration launched by the ``triton-hopper`` backend. Measured on an H200
-#: (docs/gpu.md, 2026-12-01, Triton 3.6): the warp-specialised single loop gives wrong results with a
-#: causal mask (rel L2 0.1-0.6 against 0.002; root cause not found), so causal runs the two-loop path;
-#: at head_dim 64 the two-loop path is also the faster one (406 vs 340 TFLOP/s non-causal at 16k tokens).
+
+def _config(m: int, n: int, warps: int, stages: int, ws: int) -> MappingProxyType:
+    return MappingProxyType({"BLOCK_M": m, "BLOCK_N": n, "num_warps": warps, "num_stages": stages,
+                             "WARP_SPECIALIZE": ws})
+
+
+#: (head_dim, causal) -> configuration launched by the ``triton-hopper`` backend, chosen from the sm_90
+#: compile data (docs/triton.md, "Choosing the configurations": Triton 3.6, registers, spills, shared memory,
+#: how the warp specialisation split the rows) and the H200's two runs (docs/gpu.md):
+#: - 128 (full and causal): warp-specialised 128/128, two consumers of 64 rows, 168 registers at entry, no
+#:   spills, 192 KiB (563 TFLOP/s non-causal at 16k tokens on the H200); the two-loop path with 4 warps
+#:   spills 1.5 KB there (220 TFLOP/s measured).
+#: - 64: the two-loop path 128/128 with 4 warps (255 registers, no spill; 406 / 368 TFLOP/s full / causal on
+#:   the H200 against 340 non-causal warp-specialised, before its masks and exponent were simplified:
+#:   scripts/gpu-check's tuning stage measures both again).
+#: - 256: the two-loop path 64/64 with 8 warps (169 registers, no spill, 161 KiB): 64-row blocks give warp
+#:   specialisation two consumers doing the same products, and 128-row ones need 262 KiB with two stages.
+#: - 16, 32: warp-specialised 128/128 (no spill; the two-loop path spills 36 B at 32). Not measured.
 CONFIGS = MappingProxyType({
-    (64, False): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
-                                   "WARP_SPECIALIZE": 0}),
-    (64, True): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
-                                  "WARP_SPECIALIZE": 0}),
-    (128, False): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
-                                    "WARP_SPECIALIZE": 1}),
-    (128, True): MappingProxyType({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
-                                   "WARP_SPECIALIZE": 0}),
-    (256, False): MappingProxyType({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                                    "WARP_SPECIALIZE": 1}),
-    (256, True): MappingProxyType({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                                   "WARP_SPECIALIZE": 0}),
+    **{(d, causal): _config(128, 128, 4, 2, 1) for d in (16, 32, 128) for causal in (False, True)},
+    **{(64, causal): _config(128, 128, 4, 2, 0) for causal in (False, True)},
+    **{(256, causal): _config(64, 64, 8, 2, 0) for causal in (False, True)},
 })
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -80,25 +89,37 @@ def config_for(head_dim: int, causal: bool, dtype: str = "bf16") -> dict:
 
 
 @triton.jit
-def _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv, diagonal, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """One online-softmax step over the key/value tile at ``start_n`` (TMA loads: zero past seqlen_kv)."""
+def _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, rows, offs_n, seqlen_kv, last_key, qk_scale,
+                MASK: tl.constexpr):
+    """One online-softmax step over the key/value tile at ``start_n`` (TMA loads: zero past seqlen_kv).
+
+    ``MASK``: 0 none (every key of the tile is visible to every row), 1 keys past ``seqlen_kv``, 2 causal.
+    ``rows`` are the query rows' indices inside the block (0..BLOCK_M-1) and ``last_key`` the last key
+    the block's first row sees, so row ``r`` sees tile column ``c`` iff ``c <= r + last_key - start_n``:
+    one compare per score against a per-row bound. Under the causal mask every row the kernel stores
+    (``start_m + r < seqlen_q``) sees only keys below ``seqlen_kv``, so no second mask is needed; the
+    padding rows past ``seqlen_q`` may read TMA's zero-filled keys and are never stored.
+
+    The block's base ``start_m`` is kept out of the row tensor on purpose: Triton's warp specialisation
+    (3.6 and 3.9) splits the block's rows between two consumer warpgroups and, for the second, adds the
+    half's offset both to ``tl.arange`` and to every sliced use of the value it took as the TMA
+    coordinate (``start_m``), so ``start_m + tl.arange(0, BLOCK_M)`` is shifted twice there and the causal
+    mask lets those rows see BLOCK_M / 2 keys of their future (docs/triton.md)."""
     k = k_desc.load([start_n, 0])
     v = v_desc.load([start_n, 0])
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    if MASKED:
-        cols = start_n + offs_n
-        visible = (cols < seqlen_kv)[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASKED:
+    qk = tl.dot(q, tl.trans(k))
+    if MASK == 1:
+        qk = tl.where((offs_n < seqlen_kv - start_n)[None, :], qk, float("-inf"))
+    elif MASK == 2:
+        qk = tl.where(offs_n[None, :] <= (rows + (last_key - start_n))[:, None], qk, float("-inf"))
+    # the running maximum is kept scaled (qk_scale > 0), so that the exponent is one FMA per score
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASK != 0:
         # a row that has seen no key yet keeps m = -inf: subtract 0 so that exp2 gives 0, not NaN
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_new_safe = m_new
-    p = tl.math.exp2(s - m_new_safe[:, None])
+    p = tl.math.exp2(qk * qk_scale - m_new_safe[:, None])
     alpha = tl.math.exp2(m_i - m_new_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -111,8 +132,9 @@ def attention_hopper_kernel(Q, K, V, O,
                             stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                             seqlen_q, seqlen_kv, heads_q, group, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Grid (cdiv(seqlen_q, BLOCK_M), batch * heads_q); ``qk_scale`` = softmax scale * log2(e)."""
+                            CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EVEN_KV: tl.constexpr):
+    """Grid (cdiv(seqlen_q, BLOCK_M), batch * heads_q); ``qk_scale`` = softmax scale * log2(e);
+    ``EVEN_KV``: ``seqlen_kv`` is a multiple of ``BLOCK_N`` (no ragged key tile)."""
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first: a short tail
     else:
@@ -133,7 +155,7 @@ def attention_hopper_kernel(Q, K, V, O,
                                        strides=[stride_os, 1], block_shape=[BLOCK_M, HEAD_DIM])
 
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)  # inside the block, never offset by start_m: see _fold_block
     offs_n = tl.arange(0, BLOCK_N)
     q = q_desc.load([start_m, 0])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -141,27 +163,31 @@ def attention_hopper_kernel(Q, K, V, O,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     diagonal = seqlen_kv - seqlen_q  # bottom-right causal: row i sees keys j <= i + diagonal
+    last_key = start_m + diagonal  # the last key the block's first row sees
     if CAUSAL:
         hi = tl.maximum(tl.minimum(seqlen_kv, start_m + BLOCK_M + diagonal), 0)
-        unmasked_hi = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seqlen_kv)
+        unmasked_hi = tl.minimum(tl.maximum(last_key + 1, 0), seqlen_kv)
+        MASK: tl.constexpr = 2
     else:
         hi = seqlen_kv
         unmasked_hi = seqlen_kv
+        MASK: tl.constexpr = 0 if EVEN_KV else 1
     unmasked_hi = (unmasked_hi // BLOCK_N) * BLOCK_N
 
     if WARP_SPECIALIZE:
         # Triton specialises one loop per kernel on sm_90 (a second loop after it fails to compile):
-        # one loop over every visible block, masks on each (the mask is cheap next to two wgmma)
+        # one loop over every visible block; under causal the mask is applied on each (a compare and a
+        # select per score), without it only when the key length is ragged
         for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
-            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
-                                        diagonal, qk_scale, MASKED=True, CAUSAL=CAUSAL)
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, rows, offs_n, seqlen_kv,
+                                        last_key, qk_scale, MASK=MASK)
     else:
         for start_n in tl.range(0, unmasked_hi, BLOCK_N):
-            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
-                                        diagonal, qk_scale, MASKED=False, CAUSAL=CAUSAL)
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, rows, offs_n, seqlen_kv,
+                                        last_key, qk_scale, MASK=0)
         for start_n in tl.range(unmasked_hi, hi, BLOCK_N):
-            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, seqlen_kv,
-                                        diagonal, qk_scale, MASKED=True, CAUSAL=CAUSAL)
+            acc, l_i, m_i = _fold_block(acc, l_i, m_i, q, k_desc, v_desc, start_n, rows, offs_n, seqlen_kv,
+                                        last_key, qk_scale, MASK=2 if CAUSAL else 1)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_desc.store([start_m, 0], out.to(O.dtype.element_ty))
@@ -191,12 +217,12 @@ def launch_args(q, k, v, out, *, causal: bool, scale: float):
 
 
 def attention(q, k, v, out, *, causal: bool, scale: float, BLOCK_M: int = 64, BLOCK_N: int = 64,
-              num_warps: int = 4, num_stages: int = 2, WARP_SPECIALIZE: int = 1) -> None:
+              num_warps: int = 4, num_stages: int = 2, WARP_SPECIALIZE: int = 0) -> None:
     """Write softmax(q k^T * scale [+ causal mask]) v into ``out`` (torch tensors on one device)."""
     args, constexprs, programs_bh = launch_args(q, k, v, out, causal=causal, scale=scale)
     if q.is_cuda:
         triton.set_allocator(_scratch)
     grid = (triton.cdiv(q.shape[1], BLOCK_M), programs_bh)
     attention_hopper_kernel[grid](*args, **constexprs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                  WARP_SPECIALIZE=bool(WARP_SPECIALIZE), num_warps=num_warps,
-                                  num_stages=num_stages)
+                                  WARP_SPECIALIZE=bool(WARP_SPECIALIZE), EVEN_KV=k.shape[1] % BLOCK_N == 0,
+                                  num_warps=num_warps, num_stages=num_stages)

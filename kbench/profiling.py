@@ -298,7 +298,10 @@ def sandboxed(command: list[str], ncu: str, scratch: str) -> tuple[list[str], di
         raise ProfileError("an untrusted backend is profiled in the sandbox, which does not work here: "
                            f"{sandbox.probe().describe()}")
     root = os.path.dirname(os.path.dirname(os.path.realpath(ncu)))
-    argv = sandbox.bwrap_command(binary, command, scratch=scratch, cuda=True)
+    from kbench.plugins import get_plugin_manager
+
+    binds = get_plugin_manager().registry.device("cuda").sandbox_binds()
+    argv = sandbox.bwrap_command(binary, command, scratch=scratch, binds=binds)
     # ncu's own files (its injection libraries, sections) must be visible inside: bound read-only before "--"
     cut = argv.index("--")
     argv = argv[:cut] + ["--ro-bind-try", root, root] + argv[cut:]

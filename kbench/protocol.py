@@ -76,6 +76,8 @@ class WorkerSetup:
     scratch_limit: int | None = None
     #: the read-only places of the sandbox (the audit hook allows reads there)
     readable_roots: tuple[str, ...] = ()
+    #: the device's own bubblewrap options (``Device.sandbox_binds()``), decided by the parent
+    sandbox_binds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

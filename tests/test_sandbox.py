@@ -20,7 +20,6 @@ import pytest
 
 from kbench.run import sandbox
 from kbench.run.sandbox import BwrapProcess, bwrap_command, memory_limit, memory_refusal, probe, sandbox_environment
-from kbench.worker.main import apply_limits, hard_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUS = probe()
@@ -33,7 +32,7 @@ def sandboxed(code: str, scratch: Path, *, env: dict | None = None, pass_fds=(),
 
     ``writable_limit=None``: the host's ``scratch`` bound in (what a bwrap without --size gets), for the
     tests that read back what the sandboxed program wrote."""
-    cmd = bwrap_command(STATUS.binary, [sys.executable, "-c", textwrap.dedent(code)], scratch=str(scratch), cuda=False,
+    cmd = bwrap_command(STATUS.binary, [sys.executable, "-c", textwrap.dedent(code)], scratch=str(scratch),
                         writable_limit=writable_limit)
     cmd[1:1] = list(extra)
     environment = sandbox_environment({**os.environ, **(env or {})}, str(scratch))
@@ -373,18 +372,24 @@ def test_trusted_workers_get_a_memory_limit_too(tmp_path):
 
 
 @needs_sandbox
-def test_cuda_workers_get_the_gpu_device_nodes(tmp_path):
-    cmd = bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path), cuda=True)
+def test_cuda_workers_get_the_gpu_device_nodes(tmp_path, kbench_pm):
+    import glob
+
+    if "cuda" not in kbench_pm.registry.devices:
+        pytest.skip("the cuda device plugin is not installed")
+    binds = kbench_pm.registry.devices["cuda"].sandbox_binds()
+    cmd = bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path), binds=binds)
     pairs = {(cmd[i], cmd[i + 1]) for i in range(len(cmd) - 1)}
-    assert all(("--dev-bind-try", node) in pairs for node in sandbox.gpu_device_nodes())
+    assert all(("--dev-bind-try", node) in pairs for node in glob.glob("/dev/nvidia*"))
     assert ("--ro-bind-try", "/sys") in pairs
-    assert "--dev-bind-try" not in bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path), cuda=False)
+    assert "--dev-bind-try" not in bwrap_command(STATUS.binary, ["true"], scratch=str(tmp_path),
+                                                 binds=kbench_pm.registry.devices["cpu"].sandbox_binds())
     # and such a sandbox starts (with the nodes this machine has: none without a GPU)
     code = "import json, os; print(json.dumps(os.listdir('/dev')))"
     proc = subprocess.run(cmd[:-1] + [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=sandbox_environment({}, str(tmp_path)))
     devices = result(proc)
-    assert {Path(n).name for n in sandbox.gpu_device_nodes()} <= set(devices) and "null" in devices
+    assert {Path(n).name for n in glob.glob("/dev/nvidia*")} <= set(devices) and "null" in devices
 
 
 @needs_sandbox
@@ -422,8 +427,8 @@ def test_scratch_limit_is_a_suite_setting():
     suite = suite_from_data({"name": "s", "grid": [{"seqlen": 32, "heads": 2, "head_dim": 16}],
                              "integrity": {"scratch_limit": "1GiB"}})  # the schema takes the key
     assert IntegritySettings.from_mapping(suite.data["integrity"]).scratch_limit == 2**30
-    cmd = bwrap_command("bwrap", ["true"], scratch="/s", cuda=False, writable_limit=2**30)
+    cmd = bwrap_command("bwrap", ["true"], scratch="/s", writable_limit=2**30)
     assert cmd[cmd.index("/s") - 3:cmd.index("/s") + 1] == ["--size", str(2**30), "--tmpfs", "/s"]
     assert "--bind" not in cmd and cmd.count("--size") == 3
-    old = bwrap_command("bwrap", ["true"], scratch="/s", cuda=False, writable_limit=None)
+    old = bwrap_command("bwrap", ["true"], scratch="/s", writable_limit=None)
     assert "--size" not in old and old[old.index("--bind"):old.index("--bind") + 3] == ["--bind", "/s", "/s"]

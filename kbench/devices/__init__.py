@@ -89,6 +89,14 @@ class Device(ABC):
     #: samples are host-clock intervals (each must fit its stamps, checked by the judge); a device that
     #: times with its own events sets False (kbench.judge.accounting)
     host_clock: bool = True
+    #: the environment variable that pins a worker process to one device of this kind (``--devices``), or None
+    visible_env: str | None = None
+    #: whether a worker of this device may run under an address-space limit (RLIMIT_AS)
+    limits_address_space: bool = True
+
+    def sandbox_binds(self) -> list[str]:
+        """Extra bubblewrap options a sandboxed worker of this device needs (device nodes, driver files)."""
+        return []
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """A new device array of ``shape`` and NumPy ``dtype`` (contents undefined)."""

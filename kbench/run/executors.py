@@ -318,12 +318,12 @@ class LocalDevicesExecutor(SlotExecutor):
         ctx = planned.ctx
         untrusted = sum(not b.trusted for b in planned.backends)
         per_pool = max(2, min(MAX_WORKERS // len(devices), untrusted + 1))
-        gpu = ctx.device.name != "cpu"
+        pin = ctx.device.visible_env  # e.g. CUDA_VISIBLE_DEVICES; the CPU's slots are not pinned
         self.pools = [WorkerPool(pm, ctx, isolate=True, case_timeout=planned.case_timeout,
                                  allow_unsandboxed=planned.request.allow_unsandboxed, max_workers=per_pool,
-                                 device_env={"CUDA_VISIBLE_DEVICES": d} if gpu else {}, concurrent=len(devices))
+                                 device_env={pin: d} if pin else {}, concurrent=len(devices))
                       for d in devices]
-        self.where = [placement(ctx, executor="local", slot=i, index=d if gpu else None)
+        self.where = [placement(ctx, executor="local", slot=i, index=d if pin else None)
                       for i, d in enumerate(devices)]
         self.start()
 
@@ -492,7 +492,7 @@ class NodeRunner:
                           hardware=self.pm.detect_hardware(device), integrity=setup.integrity, secret=b"")
         self.pool = WorkerPool(self.pm, ctx, isolate=True, case_timeout=setup.case_timeout,
                                allow_unsandboxed=setup.allow_unsandboxed, concurrent=setup.concurrent)
-        index = os.environ.get("CUDA_VISIBLE_DEVICES") if setup.device != "cpu" else None
+        index = os.environ.get(device.visible_env) if device.visible_env else None
         self.where = {**placement(ctx, executor=executor, slot=slot, index=index), "pid": os.getpid(),
                       "inputs": "per-case key"}
         self.scratch = None

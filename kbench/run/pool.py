@@ -200,7 +200,7 @@ class Worker:
                 parent_sock.close()
                 raise WorkerFailed(f"the sandbox is unavailable: {status.reason}")
             limit = setup.scratch_limit if status.sized_tmpfs else None
-            argv = bwrap_command(status.binary, argv, scratch=self.scratch, cuda=setup.device == "cuda",
+            argv = bwrap_command(status.binary, argv, scratch=self.scratch, binds=setup.sandbox_binds,
                                  writable_limit=limit)
             popen = BwrapProcess
         try:
@@ -420,7 +420,8 @@ class WorkerPool:
                            sandbox=sandbox, check_threads=integ.check_threads, check_harness=integ.check_harness,
                            memory_limit=self.memory_limit(), file_size_limit=integ.file_size_limit if sandbox else None,
                            bwrap=bwrap, guard=sandbox, device_env=tuple(sorted(self.device_env.items())),
-                           scratch_limit=integ.scratch_limit)
+                           scratch_limit=integ.scratch_limit,
+                           sandbox_binds=tuple(self.ctx.device.sandbox_binds()) if bwrap else ())
 
     def memory_limit(self) -> int | None:
         """RLIMIT_AS of each worker: the suite's ``integrity.memory_limit``, else RAM shared by the live
@@ -429,7 +430,7 @@ class WorkerPool:
 
         if self.ctx.integrity.memory_limit:
             return int(self.ctx.integrity.memory_limit)
-        if self.ctx.device.name != "cpu":
+        if not self.ctx.device.limits_address_space:
             return None
         total = total_memory()
         return memory_limit(total // self.concurrent if total else total, self.max_workers)

@@ -16,7 +16,6 @@ locked-down container) is probed once per process: :func:`probe`. See docs/sandb
 from __future__ import annotations
 
 import fnmatch
-import glob
 import os
 import re
 import shutil
@@ -126,7 +125,7 @@ def probe() -> SandboxStatus:
     scratch = tempfile.mkdtemp(prefix="kbench-probe-")
     try:
         cmd = bwrap_command(binary, [sys.executable, "-c", "import os; print(os.getpid(), os.getuid())"],
-                            scratch=scratch, cuda=False, writable_limit=SCRATCH_LIMIT if sized else None)
+                            scratch=scratch, writable_limit=SCRATCH_LIMIT if sized else None)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=sandbox_environment({}, scratch),
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -193,13 +192,11 @@ def readable_roots() -> list[str]:
     return kept
 
 
-def gpu_device_nodes() -> list[str]:
-    return sorted(glob.glob("/dev/nvidia*")) + (["/dev/dri"] if os.path.isdir("/dev/dri") else [])
-
-
-def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool,
+def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, binds: Iterable[str] = (),
                   writable_limit: int | None = SCRATCH_LIMIT) -> list[str]:
     """The bwrap command line that runs ``argv`` sandboxed, with ``scratch`` its working directory.
+
+    ``binds``: the device's own options (``Device.sandbox_binds()``: a GPU's device nodes and driver files).
 
     With ``writable_limit`` (bytes) the scratch directory, ``/tmp`` and ``/dev/shm`` are tmpfs mounts of
     that size, private to the sandbox (nothing written there reaches the host; a full one answers
@@ -216,13 +213,7 @@ def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, cuda: bool,
         cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for root in readable_roots():
         cmd += ["--ro-bind", root, root]
-    if cuda:
-        for node in gpu_device_nodes():
-            cmd += ["--dev-bind-try", node, node]
-        cmd += ["--ro-bind-try", "/sys", "/sys"]  # the driver reads PCI topology; sysfs is read-only here
-        for name in ("CUDA_HOME", "CUDA_PATH"):
-            if os.environ.get(name) and os.path.isdir(os.environ[name]):
-                cmd += ["--ro-bind-try", os.environ[name], os.environ[name]]
+    cmd += list(binds)
     cmd += [*sized, "--tmpfs", scratch] if sized else ["--bind", scratch, scratch]
     cmd += ["--chdir", scratch, "--"]
     return cmd + list(argv)

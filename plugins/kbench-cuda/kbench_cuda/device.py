@@ -304,6 +304,24 @@ class CudaDevice(Device):
 
     #: samples are CUDA events: read after the batch's one synchronisation, with no host stamps
     host_clock = False
+    #: one GPU per worker with ``--devices``
+    visible_env = "CUDA_VISIBLE_DEVICES"
+    #: the CUDA driver reserves address space far beyond what it uses and fails under RLIMIT_AS
+    limits_address_space = False
+
+    def sandbox_binds(self) -> list[str]:
+        """The GPU's device nodes, sysfs read-only (the driver reads the PCI topology), the CUDA toolkit."""
+        import glob
+
+        nodes = sorted(glob.glob("/dev/nvidia*")) + (["/dev/dri"] if os.path.isdir("/dev/dri") else [])
+        out: list[str] = []
+        for node in nodes:
+            out += ["--dev-bind-try", node, node]
+        out += ["--ro-bind-try", "/sys", "/sys"]
+        for name in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(name) and os.path.isdir(os.environ[name]):
+                out += ["--ro-bind-try", os.environ[name], os.environ[name]]
+        return out
 
     @property
     def pool_memory(self) -> int:  # type: ignore[override]

@@ -108,8 +108,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         click.echo(f"\nkbench: {exc.how}; the records so far are in {planned.output} (marked incomplete); "
                    f"finish with: kbench run --resume {planned.output}", err=True)
         sys.exit(143 if "SIGTERM" in exc.how else 130)
-    click.echo(records_table(writer.records, fmt))
-    click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
+    least = planned.plan.timing.min_samples
+    click.echo(records_table(writer.records, fmt, min_samples=least))
+    click.echo(f"\n{status_summary(writer.records, least)}; results in {planned.output}", err=True)
     from kbench.executors import profiles_note
 
     note = profiles_note(writer.records)

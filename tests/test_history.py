@@ -189,6 +189,17 @@ def test_regressions_json_and_bad_input(stepped, tmp_path):
     assert res.exit_code == 2 and "missing" in res.stderr
 
 
+def test_regressions_csv_holds_numbers(stepped):
+    import csv
+    import io
+
+    (row,) = list(csv.DictReader(io.StringIO(invoke("regressions", stepped, "--format", "csv").output)))
+    step = json.loads(invoke("regressions", stepped, "--format", "json").output)["steps"][0]
+    assert row["change"] == "slower" and float(row["size"]) == pytest.approx(step["size"])
+    assert [float(row["size_ci_low"]), float(row["size_ci_high"])] == pytest.approx(step["size_ci"])
+    assert float(row["level_after_s"]) == pytest.approx(step["level_after"])
+
+
 def test_flat_history_passes_the_gate(tmp_path):
     hs.write_history(tmp_path / "r", seed=12, n=30, backends=("numpy", "numpy-flash"))
     res = invoke("regressions", tmp_path / "r", "--fail")

@@ -34,8 +34,12 @@ def fmt_pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}%"
 
 
-def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, *, raw: Iterable[dict] | None = None) -> str:
-    """Render rows as a table, markdown, CSV, or (with ``raw``) JSON of the underlying dicts."""
+def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, *, raw: Iterable[dict] | None = None,
+           max_width: int | None = None) -> str:
+    """Render rows as a table, markdown, CSV, or (with ``raw``) JSON of the underlying dicts.
+
+    ``max_width`` (table format): the widest columns wrap onto more lines until a row fits in that many
+    characters (no column is narrowed below ``MIN_WRAPPED`` characters)."""
     if fmt == "json":
         return json.dumps(list(raw) if raw is not None else [dict(zip(headers, r)) for r in rows], indent=1)
     if fmt == "csv":
@@ -44,7 +48,32 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, *, r
         writer.writerow(headers)
         writer.writerows(rows)
         return buf.getvalue()
-    return tabulate(rows, headers=headers, tablefmt=_TABULATE.get(fmt, "simple"), disable_numparse=True)
+    widths = None
+    if max_width and fmt == "table" and rows:
+        widths = fit_widths(headers, rows, max_width)
+    # names with hyphens (nvidia-cudnn-frontend, flash-attn) stay whole when a column wraps
+    return tabulate(rows, headers=headers, tablefmt=_TABULATE.get(fmt, "simple"), disable_numparse=True,
+                    maxcolwidths=widths, break_on_hyphens=False)
+
+
+#: the narrowest a wrapped column gets (a reason or a description still reads as a phrase)
+MIN_WRAPPED = 24
+
+
+def fit_widths(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int) -> list[int | None] | None:
+    """Widths that bring a table's rows within ``max_width`` characters: one cap for every column wider than
+    it, the largest cap that fits (the widest columns share the narrowing), never below ``MIN_WRAPPED``;
+    None for a column left as it is, and None when the table fits already."""
+    # tabulate pads a header by 2 (its MIN_PADDING) where the header is the widest entry of its column
+    natural = [max([len(str(h)) + 2] + [max((len(line) for line in str(r[i]).splitlines()), default=0)
+                                        for r in rows]) for i, h in enumerate(headers)]
+    gap = 2 * (len(natural) - 1)
+    if sum(natural) + gap <= max_width:
+        return None
+    cap = max(natural)
+    while cap > MIN_WRAPPED and sum(min(w, cap) for w in natural) + gap > max_width:
+        cap -= 1
+    return [cap if w > cap else None for w in natural]
 
 
 @dataclass(frozen=True)

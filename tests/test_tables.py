@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -94,7 +95,47 @@ def test_kbench_run_summary_counts_records_below_min_samples(tmp_path):
     suite.write_text("version: 1\nname: few\nop: attention\nbackends: [numpy]\n"
                      "timing: {warmup_time: 0, min_samples: 1000, min_time: 0, max_time: 0.02}\n"
                      "grid: [{batch: 1, seqlen: 32, heads: 2, head_dim: 16, causal: false, dtype: fp32}]\n")
-    res = CliRunner().invoke(cli, ["run", str(suite), "--no-isolate", "--no-progress", "-o", str(tmp_path / "r.json")])
+    res = CliRunner().invoke(cli, ["run", str(suite), "--no-isolate", "--progress", "-o", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     assert "1 passed (1 below min_samples 1000)" in res.stderr
+    # the progress bar says how long is left (0:00:00 once done)
+    assert re.search(r"1/1 .*eta 0:00:00 numpy passed", res.stderr), res.stderr
     assert "n <1000: 1 passed records stopped sampling" in res.stdout
+
+
+def test_kbench_list_rows_fit_140_characters_and_keep_every_word():
+    from kbench.commands.list import WIDTH
+    from kbench.plugins import PluginManager
+
+    out = CliRunner().invoke(cli, ["list"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH == 140
+    # a backend's reason that wrapped reads whole down its column
+    start = lines.index("backends:")
+    header = lines[start + 1]
+    col = header.index("status")
+    statuses, name = {}, None
+    for line in lines[start + 3:]:
+        if not line.strip():
+            break
+        if not line.startswith(" "):
+            name = line.split()[0]
+            statuses[name] = line[col:].strip()
+        else:
+            statuses[name] += " " + line[col:].strip()
+    for b in PluginManager().registry.backends.values():
+        reason = b.available()
+        assert statuses[b.name] == ("available" if not reason else " ".join(f"unavailable: {reason}".split()))
+
+
+def test_wide_columns_share_the_narrowing():
+    from kbench.tables import MIN_WRAPPED, fit_widths, render
+
+    rows = [["a", "x" * 10 + " word" * 40, "short", "y" * 5 + " word" * 30]]
+    widths = fit_widths(["k", "reason", "s", "note"], rows, 100)
+    assert widths[0] is None and widths[2] is None and widths[1] == widths[3] >= MIN_WRAPPED
+    text = render(["k", "reason", "s", "note"], rows, "table", max_width=100)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert " ".join(text.split()).count("word") == 70
+    assert fit_widths(["k"], [["tiny"]], 100) is None

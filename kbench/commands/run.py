@@ -136,13 +136,19 @@ def _executor_settings(opts) -> dict[str, str]:
 
 
 def _run_with_progress(pm, planned, total, existing=()):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
 
     from kbench.runner import run_suite
 
+    # time left from the pace of the records so far (over the whole run: a backend skipped on every case
+    # finishes its records at once, a measured one takes its time limit, and the order mixes them)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[last]}"))
-    with Progress(*columns, transient=False) as bar:
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"))
+    from rich.console import Console
+
+    # on stderr, with the other messages: stdout holds only the table (`--format csv > file`)
+    with Progress(*columns, console=Console(stderr=True), transient=False, speed_estimate_period=3600.0) as bar:
         task = bar.add_task("measuring", total=total, last="")
 
         def on_record(rec, i, n):

@@ -111,7 +111,8 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
             click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
         if why:
             click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
-        click.echo(f"ratio = after / before (median time); factor {factor:g}, alpha {alpha:g}\n")
+        click.echo(f"ratio = after / before (median time); n = samples before/after; factor {factor:g}, "
+                   f"alpha {alpha:g}\n")
     if shown or not text:
         click.echo(compare_table(sort_pairs(shown, sort), fmt))
     if text:

@@ -221,9 +221,12 @@ def speedup(table, palette: Mapping[str, str]) -> Figure | None:
             bar.set_alpha(a)
         ax.errorbar(vals, ys, xerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
     ax.set_xscale("log")
-    lo_x, hi_x = min(values + [1.0]), max(values + [1.0])
-    ax.set_xlim(lo_x / 1.25, hi_x * 1.25)
-    _log_ticks(ax.xaxis, "{:g}x")
+    lo_x, hi_x = min(values + [1.0]) / 1.1, max(values + [1.0]) * 1.1
+    ax.set_xlim(lo_x, hi_x)
+    ticks = _ratio_ticks(lo_x, hi_x)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:.3g}x" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.axvline(1, color="black", linewidth=0.8)
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([short_case(c) for c in cases], fontsize=7)
@@ -234,6 +237,25 @@ def speedup(table, palette: Mapping[str, str]) -> Figure | None:
     ax.grid(axis="y", visible=False)
     fig.legend(handles=handles, fontsize=8, frameon=False, loc="outside upper center", ncols=min(3, len(backends)))
     return fig
+
+
+#: ratios worth a tick on a speedup axis (values a reader can read off without arithmetic)
+_RATIOS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0,
+           3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def _ratio_ticks(lo: float, hi: float, most: int = 9) -> list[float]:
+    """Ticks of a ratio axis from ``lo`` to ``hi``: 1 and the readable ratios in range, going out from 1 and
+    keeping a tick only where it is at least 1/``most`` of the axis' (log) length from the last one kept."""
+    span = math.log(hi / lo) / most
+    ticks = [1.0] if lo <= 1.0 <= hi else []
+    for side in ([r for r in _RATIOS if 1.0 < r <= hi], [r for r in reversed(_RATIOS) if lo <= r < 1.0]):
+        last = 1.0
+        for r in side:
+            if abs(math.log(r / last)) >= span:
+                ticks.append(r)
+                last = r
+    return sorted(ticks)
 
 
 def roofs_of(hardware: Mapping[str, Any] | None, dtypes: Sequence[str]) -> list[tuple[str, str, float, float | None]]:

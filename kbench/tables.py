@@ -194,8 +194,9 @@ def min_samples_of(result: Mapping[str, Any]) -> int | None:
     suite = (result.get("suite") or {}).get("data")
     if not isinstance(suite, Mapping):
         return None
-    per = ((suite.get("devices") or {}).get(result.get("device")) or {}) if isinstance(suite.get("devices"), Mapping) else {}
-    for timing in ((per or {}).get("timing"), suite.get("timing")):
+    devices = suite.get("devices")
+    per = (devices.get(result.get("device")) or {}) if isinstance(devices, Mapping) else {}
+    for timing in ((per if isinstance(per, Mapping) else {}).get("timing"), suite.get("timing")):
         if isinstance(timing, Mapping) and isinstance(timing.get("min_samples"), int):
             return timing["min_samples"]
     from kbench.timing import TimingSettings

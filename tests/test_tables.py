@@ -27,7 +27,8 @@ def _result(min_samples_top=None, min_samples_cpu=None):
     if min_samples_top is not None:
         suite["timing"] = {"min_samples": min_samples_top}
     if min_samples_cpu is not None:
-        suite["devices"] = {"cpu": {"timing": {"min_samples": min_samples_cpu}}, "cuda": {"timing": {"min_samples": 99}}}
+        suite["devices"] = {"cpu": {"timing": {"min_samples": min_samples_cpu}},
+                            "cuda": {"timing": {"min_samples": 99}}}
     data["suite"]["data"] = suite
     return data
 

@@ -2,7 +2,8 @@
 
 Pages: ``index.html`` (machines, suites, backends, lineages), ``machine-<id>.html`` (one chart per
 (case, backend), filterable), ``summary.html`` (the newest commit's runs against the previous
-commit's, per machine and suite, judged by ``kbench.compare``), ``regressions.html`` (every step found) and ``lineage-<name>.html``.
+commit's, per machine and suite, judged by ``kbench.compare``), ``regressions.html`` (every step
+found) and ``lineage-<name>.html``.
 Data is embedded in each page as JSON (no fetch: browsers refuse it from ``file://``), and the charts
 are drawn by ``assets/history.js`` with the plotly.js bundle that the ``plotly`` package ships, so the
 site needs no network and no server.

@@ -124,7 +124,8 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
             xs = [r["rec"].case["seqlen_kv"] for r in pts]
             ys = [r["rec"].tflops for r in pts]
             spans = [_tflops_interval(r["rec"]) for r in pts]
-            err = [[y - s[0] if s else 0.0 for y, s in zip(ys, spans)], [s[1] - y if s else 0.0 for y, s in zip(ys, spans)]]
+            err = [[y - s[0] if s else 0.0 for y, s in zip(ys, spans)],
+                   [s[1] - y if s else 0.0 for y, s in zip(ys, spans)]]
             label = f"{series} {extra}".strip()
             ax.errorbar(xs, ys, yerr=err, marker=styles[extra], linestyle=dashes[extra], color=palette[series],
                         label=label, markersize=4.5, linewidth=1.3, elinewidth=0.9, capsize=2.5)

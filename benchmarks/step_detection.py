@@ -5,6 +5,7 @@ Histories of 30 runs from tests/history_synthetic.py (the noise this project mea
 jitter, a slow window in one run of twenty, within-run spreads of 1-5%): SEEDS flat ones, and SEEDS
 with a step of 5%, 3% and 2% at a run drawn from 5-25. A step counts as found when exactly one step is
 reported and its run range holds the planted run. Seeds differ from the tests' (those use 0-9, 1000-1009).
+Then 4x steps in short histories (2-7 runs on each side), the case a new user's first few runs make.
 
 Usage: python benchmarks/step_detection.py [--seeds 200]
 """
@@ -45,6 +46,24 @@ def main() -> None:
                 width[steps[0].after - steps[0].before] += 1
         print(f"{100 * size:.0f}% step: found at its run in {found} of {n}; range widths (runs: count) "
               f"{dict(sorted(width.items()))}")
+    short_histories(20 * n)
+
+
+def short_histories(count: int) -> None:
+    """A 4x step in short histories: 2-7 runs on each side, run-to-run scatter 0.5-5% drawn for each side
+    apart (a kernel 4x slower need not be as steady), within-run intervals +-0.2% to +-10%."""
+    rng = np.random.default_rng(77)
+    found = at_size = 0
+    for _ in range(count):
+        nb, na = (int(v) for v in rng.integers(2, 8, 2))
+        med = np.concatenate([0.65e-3 * np.exp(rng.normal(0, rng.choice([0.005, 0.02, 0.05]), nb)),
+                              2.64e-3 * np.exp(rng.normal(0, rng.choice([0.005, 0.02, 0.05]), na))])
+        w = rng.choice([0.002, 0.005, 0.03, 0.1])
+        steps = [s for s in detect(med, med * (1 - w), med * (1 + w)).steps if s.before < nb <= s.after]
+        found += bool(steps)
+        at_size += any(2.5 < s.size < 3.7 for s in steps)
+    print(f"4x step, 2-7 runs on each side: found at its run in {found} of {count}, at its size (+250..+370%) "
+          f"in {at_size}")
 
 
 if __name__ == "__main__":

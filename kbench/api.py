@@ -56,7 +56,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "load_profiles": ("kbench.hardware", "load_profiles"),
     "profiles_from_data": ("kbench.hardware", "profiles_from_data"),
     "PROFILE_FILE_SCHEMA": ("kbench.hardware", "PROFILE_FILE_SCHEMA"),
-    # records, typed (kbench.record): what readers of result files use
+    # reading result files: loaded (migrated, validated), and their records typed (kbench.record)
+    "load_result": ("kbench.results", "load_result"),
     "Record": ("kbench.record", "Record"),
     "records_of": ("kbench.record", "records_of"),
     # one vocabulary for statuses and dtypes
@@ -152,7 +153,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.source import parse_source
     from kbench.calibrate import MatmulSpec
     from kbench.outputs import atomic_write
-    from kbench.results import atomic_write_json, now_iso
+    from kbench.results import atomic_write_json, load_result, now_iso
     from kbench.run.runner import RunRequest, pick_device, plan_run, run_suite
     from kbench.selection import BackendPattern
     from kbench.kernelfile import KernelFileRef

@@ -14,6 +14,7 @@ environments", 2016, for judging by the minimum).
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -123,12 +124,34 @@ def ratio_test(base: Sequence[float], new: Sequence[float], settings: Settings =
                      max(_rel_iqr(a), _rel_iqr(b)), float(b.min() / a.min()) if a.min() > 0 else math.nan)
 
 
+@functools.lru_cache(maxsize=256)
+def smallest_p(n_base: int, n_new: int) -> float:
+    """The smallest p-value the two-sided Mann-Whitney U test can give for these sample counts (two sets
+    with no overlap at all): 0.33 for 2 against 2, 0.1 for 3 against 3, 0.008 for 5 against 5. When it is
+    not below alpha, no difference, however large, can be significant: the samples are too few to tell."""
+    from scipy import stats
+
+    return float(stats.mannwhitneyu(np.arange(n_base), np.arange(n_base, n_base + n_new),
+                                    alternative="two-sided").pvalue)
+
+
+def too_few_samples(test: RatioTest, alpha: float) -> bool:
+    return smallest_p(test.n_base, test.n_new) >= alpha
+
+
+def few_samples_note(test: RatioTest, alpha: float) -> str:
+    return (f"too few samples to tell (n={test.n_base} and {test.n_new}: the U test cannot reach "
+            f"p<{alpha:g} with so few, its floor is {smallest_p(test.n_base, test.n_new):.2g})")
+
+
 def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, str]:
     """The class of a timing change and, for ``ambiguous``, why it is not a verdict."""
     slower, faster = test.ratio >= settings.factor, test.ratio <= 1 / settings.factor
     if not (slower or faster):
         return Change.SAME, ""
     if not test.significant(settings.alpha):
+        if too_few_samples(test, settings.alpha):
+            return Change.AMBIGUOUS, few_samples_note(test, settings.alpha)
         return Change.AMBIGUOUS, (f"not significant (p={test.p_value:.2g}, "
                                   f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f})")
     if abs(math.log(test.ratio)) <= math.log1p(test.noise):
@@ -169,7 +192,17 @@ class Pair:
                 "new_status": self.new and self.new.status.value, "base_median": median_of(self.base),
                 "new_median": median_of(self.new), "ratio": t and t.ratio, "ci_low": t and t.ci_low,
                 "ci_high": t and t.ci_high, "p_value": t and t.p_value, "noise": t and t.noise,
-                "min_ratio": t and t.min_ratio, "note": self.note}
+                "min_ratio": t and t.min_ratio, "n_base": n_of(self.base), "n_new": n_of(self.new),
+                "stop_reason_base": stop_of(self.base), "stop_reason_new": stop_of(self.new), "note": self.note}
+
+
+def n_of(rec: Record | None) -> int | None:
+    """Timed samples of a record (pooled runs: of all of them), None when it was not timed."""
+    return len(rec.samples) if rec is not None and rec.timing else None
+
+
+def stop_of(rec: Record | None) -> str | None:
+    return (rec.timing or {}).get("stop_reason") if rec is not None else None
 
 
 def median_of(rec: Record | None) -> float | None:
@@ -340,10 +373,22 @@ class Speedup:
     ci_high: float | None = None
     p_value: float | None = None
     significant: bool = False
+    #: not significant only because the U test cannot reach alpha with so few samples (``n`` of each side)
+    few_samples: bool = False
+    n: tuple[int, int] | None = None   # samples of (backend, baseline)
     note: str = ""
 
+    @property
+    def mark(self) -> str:
+        """"" significant, "?" within the noise, "(n=2/3)" too few samples to tell either way."""
+        if self.speedup is None or self.significant:
+            return ""
+        return f"(n={self.n[0]}/{self.n[1]})" if self.few_samples and self.n else "?"
+
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        out = dict(vars(self))
+        out["n"] = list(self.n) if self.n else None
+        return out
 
 
 @dataclass
@@ -414,10 +459,19 @@ def speedup_vs_baseline(result: Mapping[str, Any], baseline: str, group_key: Cal
                     t = ratio_test(rec.samples, base.samples, settings)  # base/rec times: > 1 is faster
                     cell.speedup, cell.ci_low, cell.ci_high, cell.p_value = t.ratio, t.ci_low, t.ci_high, t.p_value
                     cell.significant = t.significant(settings.alpha)
+                    cell.n = (t.n_base, t.n_new)
+                    # the interval excludes 1 but the U test cannot say so with so few samples: not "noise"
+                    cell.few_samples = (not cell.significant and (t.ci_low > 1 or t.ci_high < 1)
+                                        and too_few_samples(t, settings.alpha))
                 table.cells[(cid, name)] = cell
     return table
 
 
 def fmt_speedup(speedup: float | None) -> str:
-    """AVO style: 1.035 -> "+3.5%", 0.9 -> "-10.0%"."""
-    return "" if speedup is None else f"{100 * (speedup - 1):+.1f}%"
+    """A speedup as a ratio that reads the same way for 3% and 76x: 1.035 -> "1.03x faster",
+    0.5 -> "2.00x slower", 0.0131 -> "76.3x slower"."""
+    if speedup is None or not speedup > 0:
+        return ""
+    x = speedup if speedup >= 1 else 1 / speedup
+    digits = 2 if x < 10 else 1 if x < 100 else 0
+    return f"{x:.{digits}f}x {'faster' if speedup >= 1 else 'slower'}"

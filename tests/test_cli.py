@@ -32,7 +32,7 @@ def test_run_then_show(runner, tmp_path):
     assert data["environment"]["kbench"] and data["machine"]["id"].startswith("cpu-")
     shown = invoke(runner, "show", str(out))
     assert shown.exit_code == 0 and "numpy-flash" in shown.output and "TFLOP/s" in shown.output
-    for fmt, probe in (("markdown", "| case"), ("csv", "case,backend,status"), ("json", '"backend"')):
+    for fmt, probe in (("markdown", "| case"), ("csv", "case_id,backend,status"), ("json", '"backend"')):
         res = invoke(runner, "show", str(out), "--format", fmt)
         assert res.exit_code == 0 and probe in res.output
 

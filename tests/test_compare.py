@@ -1,6 +1,8 @@
 """kbench compare: classification of known shifts, statuses, machine checks, baseline speedups, the CLI."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -178,8 +180,13 @@ def test_cli_formats(runner, tmp_path):
     slow = [d for d in data if d["backend"] == "slowing"]
     assert all(d["mark"] == "+" and d["ratio"] == pytest.approx(1.5, rel=0.03) for d in slow)
     assert all(d["ci_low"] <= d["ratio"] <= d["ci_high"] for d in data)
-    csv_out = invoke(runner, "compare", base, new, "--format", "csv").output
-    assert csv_out.splitlines()[0].startswith("mark,before,after,ratio")
+    rows = list(csv.DictReader(io.StringIO(invoke(runner, "compare", base, new, "--format", "csv").output)))
+    by_key = {(d["backend"], d["case_id"]): d for d in data}
+    for row in rows:  # numbers, units in the column names: the JSON's figures, not "200 us"
+        d = by_key[(row["backend"], row["case_id"])]
+        assert float(row["before_median_s"]) == pytest.approx(d["base_median"])
+        assert float(row["ratio"]) == pytest.approx(d["ratio"]) and row["change"] == d["change"]
+        assert (int(row["n_before"]), int(row["n_after"])) == (d["n_base"], d["n_new"]) == (60, 60)
     md = invoke(runner, "compare", base, new, "--format", "markdown").output
     assert "| before" in md.replace("|    ", "| ").replace("|  ", "| ")
 
@@ -229,9 +236,9 @@ def test_speedup_vs_baseline_per_case_and_geomean_per_group(runner, tmp_path):
     res = invoke(runner, "compare", write(tmp_path / "one.json", data), "--baseline", "cudnn")
     assert res.exit_code == 0, res.output
     assert "geomean d=32,noncausal,hq=4,hkv=4,fp32 (3 cases)" in res.output
-    assert "evolved vs cudnn: +17.3%" in res.output   # sqrt(1.25 * 1.10) = 1.1726
+    assert "evolved vs cudnn: 1.17x faster" in res.output   # sqrt(1.25 * 1.10) = 1.1726
     geo_rows = [ln for ln in res.output.splitlines() if ln.startswith("geomean d=32,causal")]
-    assert len(geo_rows) == 1 and "+10.0%" in geo_rows[0]
+    assert len(geo_rows) == 1 and "1.10x faster" in geo_rows[0]
     data = json.loads(invoke(runner, "compare", str(tmp_path / "one.json"), "--baseline", "cudnn",
                              "--format", "json").output)
     assert data["geomean"]["evolved"]["all"] == pytest.approx(1.1726, rel=0.01)
@@ -265,3 +272,47 @@ def test_slowable_test_backend_loads_with_p_and_stays_correct(monkeypatch, kbenc
     monkeypatch.setenv("KBENCH_TEST_SLOWDOWN", "fast")
     with pytest.raises(BadInput, match="KBENCH_TEST_SLOWDOWN"):
         slow_backend_plugin.slowdown()
+
+
+# -- what a verdict rests on: the sample counts ----------------------------------------------------------
+
+def test_a_large_gap_on_two_samples_is_too_few_to_tell_not_within_the_noise(runner, tmp_path):
+    # 2 samples a side: the U test cannot go below p=0.33, so no gap is significant; a 76x gap is not "noise"
+    recs = [record("cudnn", SMALL, [1.00e-3, 1.01e-3]), record("numpy", SMALL, [76e-3, 77e-3]),
+            record("close", SMALL, lognormal(1.0e-3, 0.02, 40, 5)), ]
+    recs.append(record("cudnn", {**SMALL, "seqlen": 128}, lognormal(2e-3, 0.02, 40, 6)))
+    recs.append(record("close", {**SMALL, "seqlen": 128}, lognormal(2.01e-3, 0.02, 40, 7)))
+    path = write(tmp_path / "few.json", result(recs))
+    res = invoke(runner, "compare", path, "--baseline", "cudnn")
+    assert res.exit_code == 0, res.output
+    row = next(ln for ln in res.output.splitlines() if ln.startswith("attention[") and "sq=64" in ln)
+    assert "76.1x slower (n=2/2)" in row and "%" not in row  # 76.5 / 1.005
+    row128 = next(ln for ln in res.output.splitlines() if ln.startswith("attention[") and "sq=128" in ln)
+    assert row128.rstrip().endswith("?")  # 0.5% apart with 2% noise: within it
+    assert "numpy vs cudnn: 76.1x slower (geomean of 1 cases, from 76.1x slower to 76.1x slower; " \
+           "1 with too few samples to tell)" in res.output
+    cells = {c["backend"]: c for c in json.loads(invoke(runner, "compare", path, "--baseline", "cudnn",
+                                                        "--format", "json").output)["cells"]}
+    assert cells["numpy"]["few_samples"] and cells["numpy"]["n"] == [2, 2]
+    assert cells["numpy"]["speedup"] == pytest.approx(1.005 / 76.5)
+    rows = list(csv.reader(io.StringIO(invoke(runner, "compare", path, "--baseline", "cudnn",
+                                              "--format", "csv").output)))
+    assert rows[0] == ["case", "cudnn_median_s", "numpy_speedup_x", "close_speedup_x"]
+    assert float(rows[1][1]) == pytest.approx(1.005e-3) and float(rows[1][2]) == pytest.approx(1.005 / 76.5)
+
+    # two runs: the same gap is ambiguous for the same reason, and says so
+    slow = write(tmp_path / "slow.json", result([record("cudnn", SMALL, [76e-3, 77e-3])]))
+    fast = write(tmp_path / "fast.json", result([record("cudnn", SMALL, [1.00e-3, 1.01e-3])]))
+    (pair,) = json.loads(invoke(runner, "compare", fast, slow, "--format", "json").output)
+    assert pair["change"] == "ambiguous" and pair["note"].startswith("too few samples to tell (n=2 and 2")
+    assert (pair["n_base"], pair["n_new"], pair["stop_reason_new"]) == (2, 2, "time_limit")
+    shown = invoke(runner, "compare", fast, slow).output
+    assert "2/2" in shown and "the U test cannot reach p<0.01 with so few, its floor is 0.33" in shown
+
+
+def test_smallest_p_of_the_u_test_is_what_scipy_gives_for_separated_samples():
+    from kbench.compare import smallest_p
+
+    assert smallest_p(2, 2) == pytest.approx(1 / 3)
+    assert smallest_p(3, 3) == pytest.approx(0.1)
+    assert smallest_p(5, 5) < 0.01 < smallest_p(4, 4)

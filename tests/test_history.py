@@ -189,6 +189,17 @@ def test_regressions_json_and_bad_input(stepped, tmp_path):
     assert res.exit_code == 2 and "missing" in res.stderr
 
 
+def test_regressions_csv_holds_numbers(stepped):
+    import csv
+    import io
+
+    (row,) = list(csv.DictReader(io.StringIO(invoke("regressions", stepped, "--format", "csv").output)))
+    step = json.loads(invoke("regressions", stepped, "--format", "json").output)["steps"][0]
+    assert row["change"] == "slower" and float(row["size"]) == pytest.approx(step["size"])
+    assert [float(row["size_ci_low"]), float(row["size_ci_high"])] == pytest.approx(step["size_ci"])
+    assert float(row["level_after_s"]) == pytest.approx(step["level_after"])
+
+
 def test_flat_history_passes_the_gate(tmp_path):
     hs.write_history(tmp_path / "r", seed=12, n=30, backends=("numpy", "numpy-flash"))
     res = invoke("regressions", tmp_path / "r", "--fail")
@@ -280,3 +291,67 @@ def test_the_partition_is_the_best_of_all_partitions():
                  if all(b - a >= MIN_SEGMENT for a, b in zip([0, *c], [*c, n]))]
         best = min(cost(y, w, c) for c in valid)
         assert cost(y, w, _partition(y, w, penalty, MIN_SEGMENT)) == pytest.approx(best, abs=1e-9), trial
+
+
+# -- large steps in short series ----------------------------------------------------------------------
+
+
+def _tight(median: float, n: int) -> list[float]:
+    """``n`` samples whose median is ``median``, spread +-0.1%: a narrow interval, as a quiet run gives."""
+    return list(median * (1 + 0.001 * np.linspace(-1, 1, n)))
+
+
+def test_a_clean_step_is_found_when_both_levels_move_alike_between_their_runs():
+    # two runs at 0.63/0.67 ms, two at 2.56/2.72 ms, disjoint intervals: each pair's second run is 6% slower,
+    # which a scatter estimate centred on the typical difference mistakes for no scatter at all
+    med = np.array([0.63e-3, 0.67e-3, 2.56e-3, 2.72e-3])
+    for half_width in (0.001, 0.005, 0.03):
+        fit = detect(med, med * (1 - half_width), med * (1 + half_width))
+        assert [(s.before, s.after) for s in fit.steps] == [(1, 2)], half_width
+        assert fit.steps[0].size == pytest.approx(2.64 / 0.65 - 1, rel=0.03)
+        assert fit.outliers == [] and fit.unconfirmed is None
+        assert fit.noise < 0.1  # the 4x step is not taken for scatter
+
+
+def test_setting_points_aside_never_leaves_a_level_with_one_run():
+    """A step whose first level is noisier than the second: the filter alone would set aside one of the two
+    runs of the first level, and the fit would have to join the other to the second level (a step of
+    +100% one run late). The two runs stay together and the step is found where it is, at its size."""
+    rng = np.random.default_rng(21)
+    for trial in range(40):
+        first = 0.65e-3 * np.exp(rng.normal(0, 0.05, 2))
+        second = 2.64e-3 * np.exp(rng.normal(0, 0.005, int(rng.integers(3, 8))))
+        med = np.concatenate([first, second])
+        fit = detect(med, med * 0.995, med * 1.005)
+        assert len(fit.steps) == 1 and fit.steps[0].before < 2 <= fit.steps[0].after, (trial, med)
+        assert fit.steps[0].size == pytest.approx(2.64 / 0.65 - 1, rel=0.15), (trial, med)
+
+
+def test_regressions_finds_a_large_step_in_every_series_of_a_short_history(tmp_path):
+    """Ten series of four runs, each stepping about 4x between runs 2 and 3; one of them is the history a
+    user reported as missed (0.63/0.67 ms -> 2.56/2.72 ms)."""
+    from synthetic_results import record, result
+
+    cases = [{"batch": 1, "seqlen_q": 64 * (1 + i), "seqlen_kv": 64 * (1 + i), "heads_q": 4, "heads_kv": 4,
+              "head_dim": 32, "causal": False, "dtype": "fp32"} for i in range(10)]
+    rng = np.random.default_rng(7)
+    levels = [[0.63e-3, 0.67e-3, 2.56e-3, 2.72e-3]]
+    for i in range(1, 10):
+        before = rng.uniform(0.2e-3, 2e-3)
+        after = before * rng.uniform(3.5, 4.5)
+        levels.append([v * float(np.exp(rng.normal(0, 0.03))) for v in (before, before, after, after)])
+    for run in range(4):
+        recs = [record("numpy", params, _tight(levels[i][run], int(rng.integers(8, 51))))
+                for i, params in enumerate(cases)]
+        data = result(recs, name=f"attention-{run}")
+        data["created"] = f"2026-10-0{run + 1}T00:00:00+00:00"
+        data["environment"]["git_commit"] = hs.fake_commit(run)
+        (tmp_path / "r").mkdir(exist_ok=True)
+        (tmp_path / "r" / f"attention-{run}.json").write_text(json.dumps(data))
+    res = invoke("regressions", tmp_path / "r", "--threshold", "1%", "--no-cache", "--format", "json")
+    steps = json.loads(res.output)["steps"]
+    assert sorted(s["case_id"] for s in steps) == sorted(
+        record("numpy", c, _tight(1e-3, 8))["case_id"] for c in cases)
+    for s in steps:
+        assert s["change"] == "slower" and s["size"] > 2.0
+        assert (s["before"]["commit"], s["after"]["commit"]) == (hs.fake_commit(1), hs.fake_commit(2))

@@ -170,12 +170,43 @@ def test_site_in_headless_chromium_draws_every_chart_without_console_errors(site
     assert console == []
     assert dom.count('data-rendered="1"') == 4      # each series' chart was drawn by plotly
     assert dom.count('class="main-svg"') >= 4
-    assert "slower 6." in dom or "slower 5." in dom  # the step's label on its chart
+    assert "slower +6." in dom or "slower +5." in dom  # the step's label on its chart
+    # the x axis is the runs in commit order, labelled by commit
+    assert hs.fake_commit(0, "cpu-test-2c")[:7] in dom and "runs in commit order" in dom
     assert "4 of 4 series" in dom
     dom, console = open_in_chromium(out / "lineage-demo.html", tmp_path)
     assert console == [] and dom.count('data-rendered="1"') == 2
     dom, console = open_in_chromium(out / "index.html", tmp_path)
     assert console == [] and "cpu-amd-epyc-2c" in dom
+
+
+@pytest.mark.slow  # ~5 s: a browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
+def test_a_step_label_is_inside_its_chart_clear_of_the_toolbar(site, tmp_path):
+    out, _ = site
+    probe = out / "probe.html"
+    page = (out / "machine-cpu-test-2c.html").read_text()
+    probe.write_text(page.replace("</body>", """<script>
+      setTimeout(function () {
+        var found = [];
+        document.querySelectorAll(".js-plotly-plot").forEach(function (plot) {
+          var bar = plot.querySelector(".modebar"), area = plot.querySelector(".nsewdrag");
+          plot.querySelectorAll(".annotation").forEach(function (a) {
+            var r = a.getBoundingClientRect(), b = bar.getBoundingClientRect(), p = area.getBoundingClientRect();
+            found.push({text: a.textContent, underToolbar: r.left < b.right && b.left < r.right &&
+                        r.top < b.bottom && b.top < r.bottom, insidePlot: r.top >= p.top && r.bottom <= p.bottom});
+          });
+        });
+        document.body.dataset.labels = JSON.stringify(found);
+      }, 3000);
+      </script></body>"""))
+    try:
+        dom, console = open_in_chromium(probe, tmp_path)
+    finally:
+        probe.unlink()
+    labels = json.loads(html.unescape(re.search(r'data-labels="([^"]*)"', dom).group(1)))
+    assert labels and all(lb["text"].startswith("slower +") for lb in labels)
+    assert not any(lb["underToolbar"] for lb in labels) and all(lb["insidePlot"] for lb in labels)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
@@ -189,3 +220,25 @@ def test_the_browser_check_sees_a_script_error(site, tmp_path):
     finally:
         broken.unlink()
     assert any("undefinedFunction is not defined" in ln for ln in console)
+
+
+def test_latest_vs_previous_compares_two_commits_and_pools_reruns_of_one(tmp_path):
+    paths = hs.write_history(tmp_path / "r", seed=5, n=4)
+    rerun = json.loads(paths[3].read_text())  # the newest run measured the same commit as the one before it
+    rerun["environment"]["git_commit"] = hs.fake_commit(2, "cpu-test-2c")
+    paths[3].write_text(json.dumps(rerun))
+    out = tmp_path / "site"
+    assert invoke("publish", tmp_path / "r", "-o", out, "--no-cache", "-j", "1").exit_code == 0
+    text = html.unescape((out / "summary.html").read_text())
+    assert (f"suite attention: {hs.fake_commit(2, 'cpu-test-2c')[:10]} (2 runs pooled) vs "
+            f"{hs.fake_commit(1, 'cpu-test-2c')[:10]} (") in text
+    assert "2 pairs:" in text and re.search(r"<th>n *</th>", text)  # samples of each side
+
+    from kbench.history.runs import load_runs
+    from kbench.history.site import latest_pair
+
+    runs = load_runs([tmp_path / "r"])
+    prev, last = latest_pair(runs)
+    assert [r.path for r in prev] == [paths[1]] and [r.path for r in last] == [paths[2], paths[3]]
+    same = latest_pair([runs[2], runs[3]])  # one commit only: the newest run against the others
+    assert [r.path for r in same[0]] == [paths[2]] and [r.path for r in same[1]] == [paths[3]]

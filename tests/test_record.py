@@ -246,13 +246,11 @@ def test_show_csv_columns_are_the_accessors():
     out = CliRunner().invoke(cli, ["show", str(DECODE), "--format", "csv"])
     assert out.exit_code == 0, out.output
     rows = list(csv.DictReader(io.StringIO(out.output)))
-    from kbench.tables import fmt_num, fmt_pct, fmt_time
-
     for row, r in zip(rows, records_of(load_result(DECODE)), strict=True):
-        assert (row["case"], row["backend"], row["status"]) == (r.case_id, r.backend, "passed")
-        assert row["median"] == fmt_time(r.median) and row["spread"] == fmt_pct(r.spread)
-        assert row["TFLOP/s"] == fmt_num(r.tflops) and row["GB/s"] == fmt_num(r.bandwidth)
-        assert row["rel_l2"] == fmt_num(r.rel_l2, 2)
+        assert (row["case_id"], row["backend"], row["status"]) == (r.case_id, r.backend, "passed")
+        assert float(row["median_s"]) == r.median and float(row["spread_iqr_over_median"]) == r.spread
+        assert float(row["tflop_per_s"]) == r.tflops and float(row["gb_per_s"]) == r.bandwidth
+        assert float(row["rel_l2"]) == r.rel_l2 and int(row["n"]) == len(r.samples)
 
 
 def test_compare_of_a_committed_run_with_itself_is_the_same_everywhere():

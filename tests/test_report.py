@@ -1,7 +1,11 @@
 """kbench report: the HTML page holds every plot and table, is well-formed HTML, and PNGs are written."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+from html import unescape as html_unescape
 from html.parser import HTMLParser
 
 import pytest
@@ -96,8 +100,13 @@ def test_html_report_has_every_plot_and_table(runner, tmp_path):
     # tables: every record, the geomean rows per group, the AVO-style summary
     assert page.counts["table"] >= 2
     assert html.count("<tr class=\"passed\">") == 24
-    assert "geomean d=64,causal,hq=2,hkv=2,fp32 (3 cases)" in html
-    assert re.search(r"numpy-flash vs numpy: -1[67]\.\d%", html)  # 1/1.2 - 1 = -16.7%
+    text = html.replace("<wbr>", "")  # break opportunities inside long case ids
+    assert "geomean d=64,causal,hq=2,hkv=2,fp32 (3 cases)" in text
+    assert re.search(r"numpy-flash vs numpy: 1\.[12]\dx slower", text)  # times 1.2 apart: an x-ratio, not -16.7%
+    # the records table: samples and why sampling stopped
+    records = text.split('id="records-sweep"')[1].split("</table>")[0]
+    assert "<th>n</th><th>stop</th>" in records and records.count('<td class="num">40</td>') == 24
+    assert records.count("<td>time_limit</td>") == 24
     # machine and environment
     assert "cpu-test-2c" in html and "NVIDIA H100 SXM" in html and "989 TFLOP/s" in html
     # self-contained: nothing fetched
@@ -111,6 +120,9 @@ def test_report_without_peaks_says_so_on_the_roofline(runner, tmp_path):
     html = out.read_text()
     parse(html)
     assert "roofs not drawn" in html and "kbench calibrate" in html
+    # and the records table says why its roof column is empty and what fills it
+    assert "roof: empty, the hardware profile has no peak figures for these records; `kbench calibrate` " \
+           "measures them on this machine" in html
 
 
 def test_report_draws_measured_roofs(runner, tmp_path):
@@ -176,4 +188,91 @@ def test_decode_result_splits_query_tokens_into_lines(runner, tmp_path):
     svg = html.split('id="throughput"')[1].split("</svg>")[0]
     assert "head_dim 64" in svg and "causal" not in svg
     assert "numpy seqlen_q=1" in svg and "numpy seqlen_q=4" in svg
-    assert html.count("decode_attention[b=1,sq=") == 4         # every record in the records table
+    assert html.replace("<wbr>", "").count("decode_attention[b=1,sq=") == 4  # every record in the records table
+
+
+# -- how the plots read --------------------------------------------------------------------------------
+
+def _figures(data, baseline="numpy"):
+    from kbench.compare import group_key_for
+    from kbench.plugins import PluginManager
+    from kbench.report import build_figures, label_runs
+
+    runs = label_runs(["sweep.json"], [data])
+    figs, table, _ = build_figures(runs, group_key_for(PluginManager(load_entry_points=False).registry), baseline)
+    return figs, table
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_plots_use_log_axes_interval_bars_and_keep_legends_off_the_data():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.container import ErrorbarContainer
+
+    figs, table = _figures(sweep(hardware=H100))
+    for name in ("throughput", "speedup", "roofline"):
+        fig = figs.items[name][2]
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        assert fig.legends and all(ax.get_legend() is None for ax in axes), name
+        legend = fig.legends[0].get_window_extent(renderer)
+        assert not any(_overlaps(legend, ax.get_window_extent(renderer)) for ax in axes), name
+    throughput = [ax for ax in figs.items["throughput"][2].axes if ax.get_visible()]
+    assert len(throughput) == 4 and all(ax.get_yscale() == "log" and ax.get_xscale() == "log" for ax in throughput)
+    # every line carries the 95% interval of its median time, as a rate
+    bars = [c for ax in throughput for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 8 and all(c.has_yerr for c in bars)
+    rec = sweep(hardware=H100)["records"][0]
+    ys = [ax for ax in throughput if ax.get_title() == "head_dim 32, non-causal"][0]
+    segs = [seg for c in ys.containers if isinstance(c, ErrorbarContainer) for seg in c.lines[2][0].get_segments()]
+    tf, med = rec["metrics"]["tflops"], rec["stats"]["median"]
+    expected = (tf * med / rec["stats"]["ci_high"], tf * med / rec["stats"]["ci_low"])
+    assert any(seg[0][1] == pytest.approx(expected[0]) and seg[1][1] == pytest.approx(expected[1]) for seg in segs)
+    # the speedup bars start at 1x on a log-ratio axis: 1.2x slower and 1.2x faster are bars of one length
+    (ax,) = figs.items["speedup"][2].axes
+    assert ax.get_xscale() == "log"
+    bars = [p for p in ax.patches if p.get_width() != 0]
+    assert bars and all(p.get_x() == pytest.approx(1.0) for p in bars)
+    speedups = sorted(s.speedup for s in table.cells.values() if s.speedup)
+    assert speedups[0] == pytest.approx(1 / 1.2, rel=0.08)   # numpy-flash is 1.2x slower
+    assert "1x" in [t.get_text() for t in ax.get_xticklabels()]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.slow  # ~8 s: a browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
+def test_the_page_fits_a_1400_pixel_window_in_a_browser(runner, tmp_path):
+    """No horizontal scrollbar, on the page or on a table, with the widest tables kbench writes: a GPU run's
+    records with energy columns and long backend names, and a speedup table of five backends."""
+    energy = {"average_w": 150.0, "joules_per_call": 1.5, "kernel_fraction": 0.25, "source": "nvml energy counter"}
+    recs = []
+    for i, name in enumerate(("cudnn", "torch-sdpa-cudnn", "torch-sdpa-flash", "triton",
+                              "triton-hopper[WARP_SPECIALIZE=0]", "flash-attn3")):
+        for j, causal in enumerate((False, True)):
+            params = {"batch": 1, "seqlen": 16384, "heads": 16, "head_dim": 128, "causal": causal, "dtype": "bf16"}
+            rec = record(name, params, lognormal(3e-3 * (1 + i / 5), 0.01, 2, 10 * i + j), hardware=H100)
+            rec["telemetry"] = {"energy": energy}
+            recs.append(rec)
+    recs.append(record("flash-attn", params, None, status="failed",
+                       reason="relative L2 error 0.0986 exceeds the bf16 bound 0.01 on trial 0"))
+    src = write(tmp_path / "wide.json", result(recs, hardware=H100, name="wide"))
+    page = tmp_path / "r.html"
+    report(runner, src, "-o", page)
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", """<script>
+      const wide = [...document.querySelectorAll('.scroll')].filter(e => e.scrollWidth > e.clientWidth + 1)
+        .map(e => e.closest('section').id);
+      document.body.dataset.fit = JSON.stringify({page: document.documentElement.scrollWidth,
+                                                  view: document.documentElement.clientWidth, wide});
+      </script></body>"""))
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1000", "--dump-dom",
+                           probe.as_uri()], capture_output=True, text=True, timeout=120)
+    fit = json.loads(html_unescape(re.search(r'data-fit="([^"]*)"', proc.stdout).group(1)))
+    assert fit["page"] <= fit["view"] and fit["wide"] == [], fit

@@ -78,7 +78,8 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
                            where="RESULTS", fix="give one result file with --baseline, or two files without it")
         table = speedup_vs_baseline(data[0], baseline, group_key_for(pm.registry), settings, file=results[0])
         if text:
-            click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise\n")
+            click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise, '(n=a/b)' = too few "
+                       "samples (of the backend / of the baseline) to tell\n")
         click.echo(speedup_table(table, fmt))
         if text:
             click.echo("\n" + "\n".join(speedup_summary(table)))
@@ -110,7 +111,8 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
             click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
         if why:
             click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
-        click.echo(f"ratio = after / before (median time); factor {factor:g}, alpha {alpha:g}\n")
+        click.echo(f"ratio = after / before (median time); n = samples before/after; factor {factor:g}, "
+                   f"alpha {alpha:g}\n")
     if shown or not text:
         click.echo(compare_table(sort_pairs(shown, sort), fmt))
     if text:

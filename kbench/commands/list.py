@@ -7,6 +7,9 @@ import click
 
 from kbench.tables import render
 
+#: rows of the listing fit a wide terminal: long reasons and descriptions wrap instead
+WIDTH = 140
+
 
 def _avail(obj) -> str:
     try:
@@ -71,9 +74,14 @@ def list_command(pm, fmt, plugins_only):
                               "reason": sandbox.reason, "bounded_writes": sandbox.sized_tmpfs}
         click.echo(json.dumps(listing, indent=1))
         return
-    click.echo(f"sandbox: {sandbox.describe()}" + ("" if sandbox.available else f"\n  {UNSANDBOXED_FIX}"))
+    import textwrap
+
+    click.echo(textwrap.fill(f"sandbox: {sandbox.describe()}", WIDTH, subsequent_indent="  ", break_on_hyphens=False,
+                             break_long_words=False)
+               + ("" if sandbox.available else "\n" + textwrap.fill(UNSANDBOXED_FIX, WIDTH, initial_indent="  ",
+                                                                    subsequent_indent="  ")))
     click.echo()
     for title, (headers, rows) in sections.items():
         click.echo(f"{title}:")
-        click.echo(render(headers, rows, fmt) if rows else "  (none)")
+        click.echo(render(headers, rows, fmt, max_width=WIDTH) if rows else "  (none)")
         click.echo()

@@ -7,8 +7,9 @@ import click
 
 
 def _compare_latest(keyword: str | None):
-    """The summary page's table: two runs judged exactly as ``kbench compare`` judges them."""
-    from kbench.compare import CHANGED, Change, both_skipped, compare_runs, counts, machine_mismatch
+    """The summary page's table: two commits' runs (re-runs of one commit pooled) judged exactly as
+    ``kbench compare a.json,b.json c.json`` judges them."""
+    from kbench.compare import CHANGED, Change, both_skipped, compare_runs, counts, machine_mismatch, pool_runs
     from kbench.results import load_result
     from kbench.selection import Keyword
     from kbench.tables import compare_table
@@ -18,9 +19,10 @@ def _compare_latest(keyword: str | None):
     def render(prev, last) -> str:
         import html
 
-        base, new = load_result(prev.path), load_result(last.path)
-        for d in (base, new):
+        sides = [[load_result(r.path) for r in runs] for runs in (prev, last)]
+        for d in sides[0] + sides[1]:
             d["records"] = [r for r in d["records"] if kw.matches(r["backend"], r["case_id"])]
+        base, new = (pool_runs(side) for side in sides)
         pairs = [p for p in compare_runs(base, new) if not both_skipped(p)]
         n = counts(pairs)
         line = ", ".join(f"{k} {c}" for c, k in n.items() if k)

@@ -56,7 +56,7 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
     """
     from kbench.history import default_cache, default_repo, load_histories
     from kbench.history.regressions import beyond, find_steps, in_range, resolve_since, sort_found
-    from kbench.tables import render
+    from kbench.tables import Column, render, render_columns
 
     limit = parse_threshold(threshold)
     repo = repo or default_repo(results_dirs)
@@ -79,15 +79,28 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
                                                 "run": r.id, "file": str(r.path), "size": size}
                                                for s, r, size in unconfirmed]}, indent=1))
     else:
-        rows = [["~" if f.undone else "+" if f.step.slower else "-", f"{100 * f.step.size:+.1f}%",
-                 f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%", f"{f.step.confidence:.4f}",
-                 f.series.machine, f.series.backend, f.series.case_id, f.commit_range,
-                 "; ".join(e.text for e in f.env)] for f in found]
-        headers = ("" if fmt in ("table", "markdown") else "change", "size", "95% CI", "confidence", "machine",
-                   "backend", "case", "commits", "environment changed")
+        columns = (
+            Column("", "change", lambda f: "undone" if f.undone else "slower" if f.step.slower else "faster",
+                   lambda f: "~" if f.undone else "+" if f.step.slower else "-"),
+            Column("size", "size", lambda f: f.step.size, lambda f: f"{100 * f.step.size:+.1f}%"),
+            Column("95% CI", "size_ci_low", lambda f: f.step.size_low,
+                   lambda f: f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%"),
+            Column("", "size_ci_high", lambda f: f.step.size_high),
+            Column("confidence", "confidence", lambda f: f.step.confidence, lambda f: f"{f.step.confidence:.4f}"),
+            Column("machine", "machine", lambda f: f.series.machine),
+            Column("backend", "backend", lambda f: f.series.backend),
+            Column("case", "case_id", lambda f: f.series.case_id),
+            Column("commits", "commits", lambda f: f.commit_range),
+            Column("", "level_before_s", lambda f: f.step.level_before),
+            Column("", "level_after_s", lambda f: f.step.level_after),
+            Column("environment changed", "environment_changed", lambda f: "; ".join(e.text for e in f.env)),
+        )
         text = fmt in ("table", "markdown")
-        if rows or not text:
-            click.echo(render(headers, rows, fmt))
+        if not text:  # csv: numbers (sizes as fractions, levels in seconds)
+            click.echo(render_columns(columns, found, fmt))
+        elif found:  # the mark column has no header on screen
+            shown = [columns[0]] + [c for c in columns[1:] if c.header]
+            click.echo(render([""] + [c.header for c in shown[1:]], [[c.show(f) for c in shown] for f in found], fmt))
         if text:
             n_series = sum(len(h.series) for h in hists)
             faster = sum(1 for f in found if not f.step.slower and not f.undone)

@@ -113,8 +113,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         click.echo(f"\nkbench: {exc.how}; the records so far are in {planned.output} (marked incomplete); "
                    f"finish with: kbench run --resume {planned.output}", err=True)
         sys.exit(143 if "SIGTERM" in exc.how else 130)
-    click.echo(records_table(writer.records, fmt))
-    click.echo(f"\n{status_summary(writer.records)}; results in {planned.output}", err=True)
+    least = planned.plan.timing.min_samples
+    click.echo(records_table(writer.records, fmt, min_samples=least))
+    click.echo(f"\n{status_summary(writer.records, least)}; results in {planned.output}", err=True)
     from kbench.run.executors import profiles_note
 
     note = profiles_note(writer.records)
@@ -140,13 +141,19 @@ def _executor_settings(opts) -> dict[str, str]:
 
 
 def _run_with_progress(pm, planned, total, existing=()):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
 
     from kbench.run.runner import run_suite
 
+    # time left from the pace of the records so far (over the whole run: a backend skipped on every case
+    # finishes its records at once, a measured one takes its time limit, and the order mixes them)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[last]}"))
-    with Progress(*columns, transient=False) as bar:
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"))
+    from rich.console import Console
+
+    # on stderr, with the other messages: stdout holds only the table (`--format csv > file`)
+    with Progress(*columns, console=Console(stderr=True), transient=False, speed_estimate_period=3600.0) as bar:
         task = bar.add_task("measuring", total=total, last="")
 
         def on_record(rec, i, n):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from kbench.tables import FORMATS, records_table, status_summary
+from kbench.tables import FORMATS, min_samples_of, records_table, status_summary
 
 
 @click.command("show")
@@ -13,7 +13,12 @@ from kbench.tables import FORMATS, records_table, status_summary
 @click.option("--profile", "profile", is_flag=True, help="Also the Nsight Compute profile of each record "
                                                           "(`kbench run --profile ncu`).")
 def show_command(result, fmt, keyword, profile):
-    """Print the records of RESULT (a result JSON file)."""
+    """Print the records of RESULT (a result JSON file).
+
+    Columns: n is the number of timed samples ("2 <5": fewer than the suite's min_samples, the time limit
+    came first), stop why sampling stopped (noise_target, time_limit, max_samples). CSV holds numbers with
+    their unit in the column name (median_s, tflop_per_s, ...); JSON gives the records themselves.
+    """
     from kbench.record import as_records
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -27,9 +32,10 @@ def show_command(result, fmt, keyword, profile):
         state = "complete" if data["complete"] else f"INCOMPLETE ({data.get('interrupted') or 'still running or killed'})"
         click.echo(f"{data['suite']['name']} on {data['machine']['id']} ({data['device']}, {hw}), "
                    f"{data['created']}, {state}\n")
-    click.echo(records_table(records, fmt))
+    least = min_samples_of(data)
+    click.echo(records_table(records, fmt, min_samples=least))
     if fmt in ("table", "markdown"):
-        click.echo(f"\n{status_summary(records)}")
+        click.echo(f"\n{status_summary(records, least)}")
     if profile:
         from kbench.profiling import profile_table
 

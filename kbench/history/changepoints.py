@@ -6,13 +6,18 @@ per jump, weighting each point by its uncertainty), written for our records:
 1. Work on ``log(median)``, so a step is a ratio whatever the case's size.
 2. Each point's variance is the run's own uncertainty of its median (from the 95% confidence interval
    ``kbench run`` stores, order statistics) plus the run-to-run scatter of the series, estimated
-   robustly from the median absolute difference of consecutive points. Within-run intervals alone
-   are far too narrow: two runs of identical code differ by more than their CIs (docs/compare.md).
+   robustly from the median absolute difference of consecutive points (a difference's expected value
+   is 0 on a level, so it is not centred: centring on the typical difference calls two levels that each
+   moved alike between their runs "no scatter" and turns a step into two outliers). Within-run
+   intervals alone are far too narrow: two runs of identical code differ by more than their CIs
+   (docs/compare.md).
 3. Isolated outliers -- one run in a slow window of the machine, 1.4-2x slower for a while -- are set
    aside first: a point further than ``OUTLIER_SIGMAS`` noise widths from the running median of its
-   neighbours (5 wide; 3, one-sided, at the ends). A median filter keeps step edges where they are, so
-   a true step is never an outlier, except a step at the newest run, which one run cannot tell from a
-   slow window: that run is reported as *unconfirmed* until another run agrees with it.
+   neighbours (7 wide; 3, one-sided, at the ends), the noise taken at its one-sided 95% upper bound (a
+   short series knows its scatter poorly). A median filter keeps step edges where they are, and no kept
+   point is left alone at its level (``_set_aside``), so a true step is never an outlier, except a
+   step at the newest run, which one run cannot tell from a slow window: that run is reported as
+   *unconfirmed* until another run agrees with it.
 4. The optimal partition of the remaining points (dynamic programming over all partitions) minimises
    the weighted squared error plus ``penalty`` per change; segments have at least ``MIN_SEGMENT`` points.
 5. Each change is then tested on its own: the difference of the two adjacent segments' weighted means
@@ -41,6 +46,8 @@ PENALTY_BASE = 12.0
 NOISE_FLOOR = 1e-3
 #: chi-square (1 degree of freedom) at 95%: positions of a step this close to the best fit are as likely
 LOCATION_CHI2 = 3.841
+#: asymptotic efficiency of the median absolute deviation against the standard deviation (normal data)
+MAD_EFFICIENCY = 0.37
 _Z95 = float(stats.norm.ppf(0.975))
 
 
@@ -97,8 +104,17 @@ def run_to_run_noise(y: np.ndarray, within: np.ndarray) -> float:
     if y.size < 3:
         return NOISE_FLOOR
     d = np.diff(y)
-    total = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2)
+    total = 1.4826 * float(np.median(np.abs(d))) / math.sqrt(2)
     return max(math.sqrt(max(total ** 2 - float(np.median(within ** 2)), 0.0)), NOISE_FLOOR)
+
+
+def noise_upper_factor(n: int) -> float:
+    """How much larger the run-to-run scatter of an ``n``-point series may be than its estimate (one-sided
+    95%): a median absolute deviation of m values has the precision of a variance from ~0.37 m (its
+    asymptotic efficiency), so its chi-square bound. The outlier test uses the bound: a short series does
+    not know its noise well enough to set aside a point at 5 of its estimated widths."""
+    dof = max(MAD_EFFICIENCY * (n - 1), 1.0)
+    return math.sqrt(dof / float(stats.chi2.ppf(0.05, dof)))
 
 
 def _running_median(y: np.ndarray) -> np.ndarray:
@@ -113,6 +129,29 @@ def _running_median(y: np.ndarray) -> np.ndarray:
         else:
             window = y[i - k: i + k + 1]
         out[i] = np.median(window)
+    return out
+
+
+def _set_aside(y: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """The points to set aside as outliers: further than ``limit`` from the running median of their
+    neighbours, as long as that leaves no kept point alone at its level. A point alone (its nearest kept
+    neighbours further than ``limit``) would have to be joined to another level (a segment holds at
+    least ``MIN_SEGMENT`` points), which puts a step at the wrong run with the wrong size. Such a point
+    takes back the set-aside neighbour nearest to it when one is nearer to it than any kept point (the
+    two are a level: a step's edge in a noisier stretch of the series), else it is set aside too."""
+    out = np.abs(y - _running_median(y)) > limit
+    keep = np.flatnonzero(~out)
+    if keep.size < 2:  # no level left to be unlike: nothing can be set aside
+        return np.zeros(y.size, dtype=bool)
+    gaps = np.abs(np.diff(y[keep]))
+    nearest = np.minimum(np.append(gaps, np.inf), np.insert(gaps, 0, np.inf))
+    for i in keep[nearest > limit[keep]]:
+        gap = nearest[np.searchsorted(keep, i)]
+        partners = [k for k in (i - 1, i + 1) if 0 <= k < y.size and out[k] and abs(y[k] - y[i]) < gap]
+        if partners:
+            out[min(partners, key=lambda k: abs(y[k] - y[i]))] = False
+        else:
+            out[i] = True
     return out
 
 
@@ -186,10 +225,14 @@ def detect(median: Sequence[float], ci_low: Sequence[float] | None = None, ci_hi
     # more efficient estimate once the steps are known), never going below the robust one.
     outlier = np.zeros(n, dtype=bool)
     cuts: list[int] = []
+    widen = noise_upper_factor(n)
     for _ in range(3):
-        outlier = np.abs(y - _running_median(y)) > OUTLIER_SIGMAS * sigma
+        outlier = _set_aside(y, OUTLIER_SIGMAS * np.sqrt(within ** 2 + (widen * tau) ** 2))
         keep = np.flatnonzero(~outlier)
         yk, wk = y[keep], 1.0 / sigma[keep] ** 2
+        if keep.size < 2 * MIN_SEGMENT:
+            cuts = []
+            break
         cuts = _partition(yk, wk, penalty_for(keep.size) if penalty is None else penalty, MIN_SEGMENT)
         resid = np.concatenate([seg - np.average(seg, weights=wseg)
                                 for seg, wseg in zip(np.split(yk, cuts), np.split(wk, cuts))])

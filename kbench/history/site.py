@@ -1,8 +1,9 @@
 """The static history site: HTML pages with their data inline, plotly.js copied beside them.
 
 Pages: ``index.html`` (machines, suites, backends, lineages), ``machine-<id>.html`` (one chart per
-(case, backend), filterable), ``summary.html`` (latest run against the previous one, per machine and
-suite, judged by ``kbench.compare``), ``regressions.html`` (every step found) and ``lineage-<name>.html``.
+(case, backend), filterable), ``summary.html`` (the newest commit's runs against the previous
+commit's, per machine and suite, judged by ``kbench.compare``), ``regressions.html`` (every step
+found) and ``lineage-<name>.html``.
 Data is embedded in each page as JSON (no fetch: browsers refuse it from ``file://``), and the charts
 are drawn by ``assets/history.js`` with the plotly.js bundle that the ``plotly`` package ships, so the
 site needs no network and no server.
@@ -128,8 +129,29 @@ def lineage_data(lineage: LineageHistory) -> dict[str, Any]:
     return {"kind": "lineage", "name": lineage.name, "versions": versions, "series": series}
 
 
-def _summary_section(history: History, compare_latest: Callable[[Run, Run], str]) -> str:
-    """Per suite of the machine: its newest run against the one before (same suite)."""
+def latest_pair(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
+    """The runs of the newest commit and those of the commit before it (runs in history order). Re-runs of
+    one commit are pooled, never compared with each other: "latest vs previous" is a change of code. Runs
+    without a commit stand alone; when every run measured one commit, the last run is set against the others."""
+    groups: list[list[Run]] = []
+    for r in runs:
+        if groups and r.commit and groups[-1][-1].commit == r.commit:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    if len(groups) >= 2:
+        return groups[-2], groups[-1]
+    return list(runs[:-1]), [runs[-1]]
+
+
+def _side_label(runs: Sequence[Run]) -> str:
+    first = runs[-1]
+    commit = f"{first.commit[:10]}{'-dirty' if first.dirty else ''}" if first.commit else f"run {first.id}"
+    return commit + (f" ({len(runs)} runs pooled)" if len(runs) > 1 else f" ({first.created:%Y-%m-%d %H:%M})")
+
+
+def _summary_section(history: History, compare_latest: Callable[[Sequence[Run], Sequence[Run]], str]) -> str:
+    """Per suite of the machine: its newest commit's runs against the commit before (same suite)."""
     by_suite: dict[str, list[Run]] = {}
     for r in history.runs:
         by_suite.setdefault(r.suite, []).append(r)
@@ -139,8 +161,13 @@ def _summary_section(history: History, compare_latest: Callable[[Run, Run], str]
             parts.append(f"<p>suite <b>{html.escape(suite)}</b>: one run only ({html.escape(runs[0].label)}), "
                          "nothing to compare yet.</p>")
             continue
-        prev, last = runs[-2], runs[-1]
-        parts.append(f"<h3>suite {html.escape(suite)}: {html.escape(last.label)} vs {html.escape(prev.label)}</h3>")
+        prev, last = latest_pair(runs)
+        same = prev[-1].commit is not None and prev[-1].commit == last[-1].commit
+        parts.append(f"<h3>suite {html.escape(suite)}: {html.escape(_side_label(last))} vs "
+                     f"{html.escape(_side_label(prev))}</h3>")
+        if same:
+            parts.append("<p>Every run of this suite measured the same commit: the newest run against the "
+                         "others, which shows the machine's noise, not a change of code.</p>")
         parts.append(compare_latest(prev, last))
     return "\n".join(parts)
 
@@ -188,7 +215,7 @@ def _steps_table(found: Sequence[Found], links: Links) -> str:
 
 
 def write_site(out: Path, histories: Sequence[History], lineages: Sequence[LineageHistory], links: Links,
-               compare_latest: Callable[[Run, Run], str]) -> dict[str, Any]:
+               compare_latest: Callable[[Sequence[Run], Sequence[Run]], str]) -> dict[str, Any]:
     """Write every page and asset under ``out``; returns counts for the command's last line."""
     out.mkdir(parents=True, exist_ok=True)
     assets = out / "assets"
@@ -222,5 +249,5 @@ def write_site(out: Path, histories: Sequence[History], lineages: Sequence[Linea
     (out / "regressions.html").write_text(_page("steps found in the histories", _steps_table(all_found, links)),
                                           encoding="utf-8")
     summary = "\n".join(_summary_section(h, compare_latest) for h in histories)
-    (out / "summary.html").write_text(_page("latest run vs previous run", summary), encoding="utf-8")
+    (out / "summary.html").write_text(_page("latest commit vs previous commit", summary), encoding="utf-8")
     return {"pages": 3 + len(histories) + len(lineages), "charts": charts, "steps": len(all_found)}

@@ -109,11 +109,11 @@ class VarlenAttentionOp(Op):
         Param("seqlen_min", int, 1, minimum=1, help="shortest sampled length"),
         Param("seqlen_max", int, 0, minimum=0, help="longest sampled length"),
         Param("seqlen_seed", int, 0, minimum=0, help="seed of the sampled lengths (the layout, not the contents)"),
-        Param("heads_q", int, minimum=1, short="hq"),
-        Param("heads_kv", int, minimum=1, short="hkv"),
-        Param("head_dim", int, minimum=1, short="d"),
-        Param("causal", bool, False, short="causal"),
-        Param("dtype", str, "fp32", choices=("fp32", "fp16", "bf16")),
+        Param("heads_q", int, minimum=1, short="hq", help="query heads, a multiple of heads_kv"),
+        Param("heads_kv", int, minimum=1, short="hkv", help="key/value heads (GQA/MQA when fewer than heads_q)"),
+        Param("head_dim", int, minimum=1, short="d", help="head dimension"),
+        Param("causal", bool, False, short="causal", help="causal mask within each sequence, aligned bottom-right"),
+        Param("dtype", str, "fp32", choices=("fp32", "fp16", "bf16"), help="element type"),
     )
     aliases = {"heads": ("heads_q", "heads_kv")}
     list_params = frozenset({"seqlens_q", "seqlens_kv"})  # in a suite, [512, 1024] is one case's lengths

@@ -82,7 +82,8 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Record], str], basel
         fig = F.throughput(rows, palette)
         _add(out, "throughput", "Throughput against sequence length",
              "TFLOP/s (useful FLOPs of the causal or full attention over the median time) per backend, one "
-             "panel per head_dim and masking, as in the FlashAttention-3 paper's figure 5. Other parameters "
+             "panel per head_dim and masking, as in the FlashAttention-3 paper's figure 5; both axes "
+             "logarithmic. Error bars: the 95% interval of the median time, as a rate. Other parameters "
              "that differ inside a panel (heads, dtype) get their own line style.", fig,
              "no passed record with a sequence length and head_dim")
         if baseline is not None:
@@ -90,9 +91,10 @@ def build_figures(runs: Sequence[Run], group_key: Callable[[Record], str], basel
             first = {r["rec"].backend: r["series"] for r in rows if r["run"] == runs[0].label}
             fig = F.speedup(table, {b: palette.get(first.get(b, b), "#999999") for b in table.backends})
             _add(out, "speedup", f"Speedup over {baseline}",
-                 f"Median time of {baseline} divided by the backend's, minus 1, per case of {runs[0].label} "
-                 "(AVO-style: +3.5% means 3.5% faster). Error bars are 95% bootstrap intervals of the ratio "
-                 "of medians; a bar whose interval crosses 0 is within the noise.", fig,
+                 f"Median time of {baseline} divided by the backend's, per case of {runs[0].label}, on a "
+                 "logarithmic axis (2x faster and 2x slower are bars of one length). Error bars are 95% "
+                 "bootstrap intervals of the ratio of medians; a pale bar is one the statistics cannot call: "
+                 "within the noise, or too few samples.", fig,
                  f"no case where {baseline} and another backend both passed")
         else:
             out.missing["speedup"] = "only one backend passed: there is nothing to compare with a baseline"
@@ -144,8 +146,8 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
 
     from kbench.compare import both_skipped, counts, is_regression
     from kbench.report.page import html_table, page
-    from kbench.tables import COMPARE_HEADERS, RECORD_HEADERS, compare_row, record_row, speedup_rows, \
-        speedup_summary, split_skipped, status_summary
+    from kbench.tables import COMPARE_HEADERS, compare_row, min_samples_of, record_columns, record_rows, \
+        screen_rows, speedup_rows, speedup_summary, split_skipped, status_summary, table_notes
 
     cards = []
     for run in runs:
@@ -156,7 +158,7 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
         hw = (d.get("hardware") or {}).get("title") or "no hardware profile"
         cards.append(f'<div class="card"><div class="sub">{escape(run.label)}</div>'
                      f'<div class="big">{escape(d["suite"]["name"])}: {len(recs)} records</div>'
-                     f'<div class="{"bad" if bad else "ok"}">{escape(status_summary(recs))}</div>'
+                     f'<div class="{"bad" if bad else "ok"}">{escape(status_summary(recs, min_samples_of(d)))}</div>'
                      f'<div class="sub">{escape(d["machine"]["id"])} · {escape(d["device"])} · {escape(hw)}<br>'
                      f'{escape(d["created"])} · {escape(state)}</div></div>')
     if table is not None:
@@ -176,25 +178,32 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
         classes = ["geomean" if r[0].startswith("geomean") else "" for r in rows]
         tables.append(("speedup-table", f"Speedup table ({table.baseline} = baseline)",
                        "<p>Per case, then the geometric mean per group (head_dim × causal × heads × dtype). "
-                       "A trailing ? marks a difference within the noise.</p>"
-                       + html_table(headers, rows, classes=classes, numeric=range(1, len(headers)))))
+                       "A trailing ? marks a difference within the noise; (n=a/b) a difference the samples "
+                       "(a of the backend, b of the baseline) are too few to call either way.</p>"
+                       + html_table(headers, rows, classes=classes, numeric=range(1, len(headers)), wrap=(0,))))
     for run, pairs in changes:
         pairs = [p for p in pairs if not both_skipped(p)]
         rows = [compare_row(p) for p in pairs]
         tables.append((f"changes-{run.label}", f"Changes {runs[0].label} → {run.label}",
-                       "<p>ratio = new / old median time; marks as asv: + slower, - faster, ~ ambiguous, "
-                       "! newly failing, * fixed, x incomparable.</p>"
+                       "<p>ratio = new / old median time; n = samples before/after; marks as asv: + slower, "
+                       "- faster, ~ ambiguous, ! newly failing, * fixed, x incomparable.</p>"
                        + html_table(COMPARE_HEADERS, rows, classes=[p.change.value for p in pairs],
-                                    numeric=(1, 2, 3, 5))))
+                                    numeric=(1, 2, 3, 4, 6), wrap=(8, 9, 10))))
     for run in runs:
         recs, collapsed = split_skipped(run.records)
         note = ""
         if collapsed:
             note = ("<p>Skipped on every case: " + "; ".join(f"<b>{escape(b)}</b> ({escape(why)})"
                                                             for b, why in sorted(collapsed.items())) + ".</p>")
+        rows = record_rows(recs, min_samples_of(run.data))
+        headers, cells = screen_rows(record_columns(recs), rows)
+        notes = "".join(f"<p>{escape(n)}</p>" for n in table_notes(rows))
         tables.append((f"records-{run.label}", f"Records of {run.label}",
-                       html_table(RECORD_HEADERS, [record_row(r) for r in recs], classes=[r.status.value for r in recs],
-                                  numeric=(3, 4, 5, 6, 8)) + note))
+                       html_table(headers, cells, classes=[r.status.value for r in recs],
+                                  numeric=[i for i, h in enumerate(headers) if h not in ("case", "backend", "status",
+                                                                                         "stop", "roof")],
+                                  wrap=[i for i, h in enumerate(headers) if h in ("case", "backend", "status",
+                                                                                  "roof")]) + notes + note))
         from kbench.profiling import PROFILE_HEADERS, profile_rows
 
         if profile_rows(recs):

@@ -55,11 +55,38 @@ def _passed(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in _rows(rows) if r["rec"].passed and r["rec"].tflops]
 
 
+def _tflops_interval(rec: Record) -> tuple[float, float] | None:
+    """TFLOP/s at the ends of the median's 95% interval (a longer time is a lower rate), or None."""
+    lo, hi, med, tf = rec.stat("ci_low"), rec.stat("ci_high"), rec.median, rec.tflops
+    if not (lo and hi and med and tf) or lo <= 0:
+        return None
+    return tf * med / hi, tf * med / lo
+
+
+def _legend_below(fig: Figure, axes: Sequence[Any], ncols: int = 3) -> None:
+    """One legend for the whole figure, under the panels: never on top of a line or a point."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(ncols, len(seen)),
+                   fontsize=7.5, frameon=False)
+
+
+def _log_ticks(axis, fmt: str = "{:g}") -> None:
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt.format(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
     """TFLOP/s against sequence length, one panel per head_dim x causal (like FlashAttention-3 fig. 5).
 
     ``rows``: dicts with ``series`` (backend, with the run's label when several runs) and ``rec``.
-    Parameters that vary inside a panel besides the placed ones (heads, dtype) split a series.
+    Parameters that vary inside a panel besides the placed ones (heads, dtype) split a series. Both axes
+    are logarithmic (backends 10x apart stay readable), error bars are the 95% interval of the median
+    time as a rate, and the legend sits under the panels.
     """
     rows = [r for r in _passed(rows) if {"head_dim", "seqlen_kv"} <= set(r["rec"].case)]
     if not rows:
@@ -69,47 +96,59 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
         c = r["rec"].case
         panels.setdefault((c["head_dim"], c.get("causal")), []).append(r)
     keys = sorted(panels, key=lambda k: (k[0], str(k[1])))
+    # what splits a series is decided over every panel, so a line style and a legend entry mean one thing
+    varying = [p for p in rows[0]["rec"].case if p not in _PLACED and p != "seqlen_q"
+               and any(len({str(r["rec"].case.get(p)) for r in prows}) > 1 for prows in panels.values())]
+    at_one_length: dict[tuple, set] = {}
+    for r in rows:
+        c = r["rec"].case
+        at_one_length.setdefault((r["series"], c["head_dim"], c.get("causal"), c["seqlen_kv"]), set()).add(
+            c.get("seqlen_q"))
+    if any(len(v) > 1 for v in at_one_length.values()):
+        varying.insert(0, "seqlen_q")
+    extras = sorted({_extra(r, varying) for r in rows})
+    styles = {e: MARKERS[i % len(MARKERS)] for i, e in enumerate(extras)}
+    dashes = {e: ("-", "--", ":", "-.")[i % 4] for i, e in enumerate(extras)}
     ncols = 1 if len(keys) == 1 else 2
     nrows = math.ceil(len(keys) / ncols)
-    fig = _new_figure(11 if ncols == 2 else 7, 3.6 * nrows + 0.4)
+    n_lines = len({(r["series"], _extra(r, varying)) for r in rows})
+    fig = _new_figure(11 if ncols == 2 else 7, 3.3 * nrows + 0.6 + 0.17 * math.ceil(n_lines / 3))
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax, key in zip(axes, keys):
         prows = panels[key]
-        varying = [p for p in prows[0]["rec"].case if p not in _PLACED and p != "seqlen_q"
-                   and len({str(r["rec"].case.get(p)) for r in prows}) > 1]
-        at_one_length: dict[tuple, set] = {}
+        lines: dict[tuple, list] = {}
         for r in prows:
-            c = r["rec"].case
-            at_one_length.setdefault((r["series"], c["seqlen_kv"]), set()).add(c.get("seqlen_q"))
-        if any(len(v) > 1 for v in at_one_length.values()):
-            varying.insert(0, "seqlen_q")
-        lines: dict[str, list] = {}
-        for r in prows:
-            extra = ",".join(f"{p}={r['rec'].case[p]}" for p in varying)
-            lines.setdefault((r["series"], extra), []).append(r)
-        styles = {e: MARKERS[i % len(MARKERS)] for i, e in enumerate(sorted({e for _, e in lines}))}
-        dashes = {e: ("-", "--", ":", "-.")[i % 4] for i, e in enumerate(sorted({e for _, e in lines}))}
+            lines.setdefault((r["series"], _extra(r, varying)), []).append(r)
         for (series, extra), pts in sorted(lines.items()):
             pts = sorted(pts, key=lambda r: r["rec"].case["seqlen_kv"])
             xs = [r["rec"].case["seqlen_kv"] for r in pts]
             ys = [r["rec"].tflops for r in pts]
+            spans = [_tflops_interval(r["rec"]) for r in pts]
+            err = [[y - s[0] if s else 0.0 for y, s in zip(ys, spans)],
+                   [s[1] - y if s else 0.0 for y, s in zip(ys, spans)]]
             label = f"{series} {extra}".strip()
-            ax.plot(xs, ys, marker=styles[extra], linestyle=dashes[extra], color=palette[series], label=label,
-                    markersize=5, linewidth=1.4)
+            ax.errorbar(xs, ys, yerr=err, marker=styles[extra], linestyle=dashes[extra], color=palette[series],
+                        label=label, markersize=4.5, linewidth=1.3, elinewidth=0.9, capsize=2.5)
         xs_all = sorted({r["rec"].case["seqlen_kv"] for r in prows})
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs_all)
         ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylim(bottom=0)
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis)
+        ax.grid(True, which="major", axis="y", alpha=0.3)
         mask = "" if key[1] is None else (", causal" if key[1] else ", non-causal")
         ax.set_title(f"head_dim {key[0]}{mask}")
         ax.set_xlabel("sequence length (keys)")
-        ax.set_ylabel("TFLOP/s")
-        ax.legend(fontsize=7, frameon=False)
+        ax.set_ylabel("TFLOP/s (log)")
     for ax in axes[len(keys):]:
         ax.set_visible(False)
+    _legend_below(fig, axes[:len(keys)])
     return fig
+
+
+def _extra(row: Mapping[str, Any], varying: Sequence[str]) -> str:
+    return ",".join(f"{p}={row['rec'].case[p]}" for p in varying)
 
 
 def energy(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
@@ -143,45 +182,81 @@ def energy(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Fig
         ax.set_xlabel("sequence length (keys)")
         ax.set_ylabel(ylabel)
     ax_j.set_yscale("log")
-    ax_w.set_ylim(bottom=0)
-    ax_w.legend(fontsize=7, frameon=False)
+    ax_w.set_yscale("log")
+    _legend_below(fig, (ax_j, ax_w))
     return fig
 
 
 def speedup(table, palette: Mapping[str, str]) -> Figure | None:
-    """Horizontal bars: each backend's speedup over the baseline per case, CI as error bars."""
+    """Horizontal bars from 1x: each backend's speedup over the baseline per case on a logarithmic axis (a
+    2x gain and a 2x loss are bars of one length; 76x and 0.5x fit one plot), 95% intervals as error bars;
+    bars the statistics cannot call (within the noise, or too few samples) are pale."""
+    from kbench.compare import fmt_speedup
+
     backends = [b for b in table.backends if any(s.speedup for (c, n), s in table.cells.items() if n == b)]
     cases = [c for c in table.cases if any((c, b) in table.cells and table.cells[(c, b)].speedup for b in backends)]
     if not backends or not cases:
         return None
     height = 0.8 / len(backends)
-    fig = _new_figure(10, 0.3 * len(cases) * max(1.5, len(backends)) + 1.4)
+    fig = _new_figure(10, 0.3 * len(cases) * max(1.5, len(backends)) + 1.6)
     ax = fig.subplots()
+    from matplotlib.patches import Patch
+
+    values, handles = [], []
     for i, b in enumerate(backends):
-        ys, vals, lo, hi = [], [], [], []
+        ys, vals, lo, hi, alpha = [], [], [], [], []
         for j, c in enumerate(cases):
             s = table.cells.get((c, b))
             if s is None or s.speedup is None:
                 continue
             ys.append(j + (i - (len(backends) - 1) / 2) * height)
-            vals.append(100 * (s.speedup - 1))
-            lo.append(100 * (s.speedup - s.ci_low))
-            hi.append(100 * (s.ci_high - s.speedup))
-        ax.barh(ys, vals, height=height * 0.9, color=palette.get(b, PALETTE[i]), xerr=[lo, hi],
-                error_kw={"elinewidth": 0.8, "capsize": 2}, label=f"{b} (geomean {_pct(table.overall_geomean(b))})")
-    ax.axvline(0, color="black", linewidth=0.8)
+            vals.append(s.speedup)
+            lo.append(max(s.speedup - (s.ci_low or s.speedup), 0.0))
+            hi.append(max((s.ci_high or s.speedup) - s.speedup, 0.0))
+            alpha.append(1.0 if s.significant else 0.4)
+            values += [s.ci_low or s.speedup, s.ci_high or s.speedup]
+        color = palette.get(b, PALETTE[i])
+        bars = ax.barh(ys, [v - 1 for v in vals], left=1, height=height * 0.9, color=color)
+        handles.append(Patch(color=color, label=f"{b} (geomean {fmt_speedup(table.overall_geomean(b)) or 'n/a'})"))
+        for bar, a in zip(bars, alpha):
+            bar.set_alpha(a)
+        ax.errorbar(vals, ys, xerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+    ax.set_xscale("log")
+    lo_x, hi_x = min(values + [1.0]) / 1.1, max(values + [1.0]) * 1.1
+    ax.set_xlim(lo_x, hi_x)
+    ticks = _ratio_ticks(lo_x, hi_x)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:.3g}x" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.axvline(1, color="black", linewidth=0.8)
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([short_case(c) for c in cases], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel(f"speedup over {table.baseline} (%): time of {table.baseline} / time of backend - 1")
-    ax.set_title(f"speedup vs {table.baseline} per case (bars: 95% bootstrap CI)")
+    ax.set_ylim(len(cases) - 0.5, -0.5)
+    ax.set_xlabel(f"speedup over {table.baseline} (log scale): time of {table.baseline} / time of the backend; "
+                  "right of 1x: faster")
+    ax.set_title(f"speedup vs {table.baseline} per case (bars: 95% bootstrap CI; pale: not significant)")
     ax.grid(axis="y", visible=False)
-    fig.legend(fontsize=8, frameon=False, loc="outside upper center", ncols=min(3, len(backends)))
+    fig.legend(handles=handles, fontsize=8, frameon=False, loc="outside upper center", ncols=min(3, len(backends)))
     return fig
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * (x - 1):+.1f}%"
+#: ratios worth a tick on a speedup axis (values a reader can read off without arithmetic)
+_RATIOS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0,
+           3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def _ratio_ticks(lo: float, hi: float, most: int = 9) -> list[float]:
+    """Ticks of a ratio axis from ``lo`` to ``hi``: 1 and the readable ratios in range, going out from 1 and
+    keeping a tick only where it is at least 1/``most`` of the axis' (log) length from the last one kept."""
+    span = math.log(hi / lo) / most
+    ticks = [1.0] if lo <= 1.0 <= hi else []
+    for side in ([r for r in _RATIOS if 1.0 < r <= hi], [r for r in reversed(_RATIOS) if lo <= r < 1.0]):
+        last = 1.0
+        for r in side:
+            if abs(math.log(r / last)) >= span:
+                ticks.append(r)
+                last = r
+    return sorted(ticks)
 
 
 def roofs_of(hardware: Mapping[str, Any] | None, dtypes: Sequence[str]) -> list[tuple[str, str, float, float | None]]:
@@ -262,7 +337,7 @@ def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | No
                 f"({(hardware or {}).get('name', 'none')}): roofs not drawn.\n"
                 "`kbench calibrate` measures them on this machine.", transform=ax.transAxes, va="top",
                 fontsize=8, color="#a33", bbox={"facecolor": "#fff6f6", "edgecolor": "#e0b0b0", "boxstyle": "round"})
-    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    _legend_below(fig, (ax,), ncols=2)
     return fig
 
 

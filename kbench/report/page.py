@@ -13,13 +13,14 @@ CSS = """
 * { box-sizing: border-box; }
 body { font: 14px/1.5 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: var(--fg);
        margin: 0; background: var(--bg); }
-main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 64px; }
+main { max-width: 1320px; margin: 0 auto; padding: 24px 28px 64px; }
 header h1 { font-size: 26px; margin: 8px 0 2px; }
 header p { color: var(--muted); margin: 0 0 12px; }
 h2 { font-size: 19px; margin: 36px 0 8px; padding-bottom: 4px; border-bottom: 2px solid var(--line); }
 h3 { font-size: 15px; margin: 20px 0 6px; }
 nav { background: white; border: 1px solid var(--line); border-radius: 8px; padding: 8px 14px; margin: 14px 0; }
-nav a { margin-right: 16px; color: var(--accent); text-decoration: none; white-space: nowrap; }
+nav { display: flex; flex-wrap: wrap; gap: 2px 16px; }
+nav a { color: var(--accent); text-decoration: none; white-space: nowrap; }
 .cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(250px, 1fr)); gap: 12px; }
 .card { background: white; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
 .card .big { font-size: 22px; font-weight: 600; }
@@ -31,9 +32,11 @@ figcaption { color: var(--muted); font-size: 13px; margin-top: 6px; }
 .missing { background: #fff8e6; border: 1px solid #f0d48a; border-radius: 8px; padding: 10px 14px; }
 .scroll { overflow-x: auto; background: white; border: 1px solid var(--line); border-radius: 8px; }
 table { border-collapse: collapse; font-size: 12.5px; width: 100%; }
-th, td { padding: 4px 10px; text-align: left; border-bottom: 1px solid var(--line); white-space: nowrap; }
+th, td { padding: 4px 7px; text-align: left; border-bottom: 1px solid var(--line); white-space: nowrap; }
 th { background: #eef1f5; position: sticky; top: 0; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: normal; }
+td.wrap { white-space: normal; }
+th { white-space: normal; }
 tr.slower td, tr.failing td { background: #fdecea; } tr.faster td, tr.fixed td { background: #eaf6ec; }
 tr.ambiguous td { background: #fff8e6; } tr.geomean td { font-weight: 600; background: #f2f5fa; }
 tr.skipped td, tr.incomparable td { color: var(--muted); }
@@ -45,15 +48,26 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 
 
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, classes: Sequence[str] | None = None,
-               numeric: Iterable[int] = ()) -> str:
-    """An escaped HTML table; ``classes`` gives each row a CSS class (e.g. its status or change)."""
-    numeric = set(numeric)
+               numeric: Iterable[int] = (), wrap: Iterable[int] = ()) -> str:
+    """An escaped HTML table; ``classes`` gives each row a CSS class (e.g. its status or change);
+    ``wrap``: columns whose long text (case ids, reasons) may break across lines, so the table fits the page."""
+    numeric, wrap = set(numeric), set(wrap)
     head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
     body = []
+
+    def td(j: int, v: Any) -> str:
+        text = escape(str(v))
+        if j in numeric:  # a figure stays on one line; a note after it ("(n=2/2)") may go to the next
+            figure, sep, note = text.partition(" (")
+            return f'<td class="num">{figure.replace(" ", "&nbsp;")}{" (" + note if sep else ""}</td>'
+        if j in wrap:  # long ids and names break after their separators, so the table fits the page
+            for sep in (",", "[", "_", "="):
+                text = text.replace(sep, sep + "<wbr>")
+            return f'<td class="wrap">{text}</td>'
+        return f"<td>{text}</td>"
     for i, row in enumerate(rows):
         cls = f' class="{escape(classes[i])}"' if classes and classes[i] else ""
-        cells = "".join(f'<td class="num">{escape(str(v))}</td>' if j in numeric else f"<td>{escape(str(v))}</td>"
-                        for j, v in enumerate(row))
+        cells = "".join(td(j, v) for j, v in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
@@ -130,7 +144,7 @@ def energy_tables(runs) -> list[tuple[str, str, str]]:
                 "power; clocks and throttling sampled by a thread during the loop; idle W measured with the GPU "
                 "idle. A power outside [idle, limit] cannot be the kernel's and is flagged.</p>")
         out.append((f"energy-{run.label}", f"Energy of {run.label}",
-                    note + html_table(ENERGY_TABLE_HEADERS, rows, numeric=range(2, 10))))
+                    note + html_table(ENERGY_TABLE_HEADERS, rows, numeric=range(2, 10), wrap=(0, 1, 10, 11))))
     return out
 
 
@@ -151,7 +165,7 @@ def page(*, title: str, runs, summary_cards: Sequence[str], figures, tables: Seq
     parts.append(f"<header><h1>{escape(title)}</h1><p>kbench {escape(__version__)} report, generated {stamp}, "
                  f"from {len(runs)} result file{'s' if len(runs) > 1 else ''}: "
                  f"{escape(', '.join(r.path for r in runs))}</p></header>\n")
-    parts.append("<nav>" + "".join(f'<a href="#{a}">{escape(t)}</a>' for a, t in nav) + "</nav>\n")
+    parts.append("<nav>" + " ".join(f'<a href="#{a}">{escape(t)}</a>' for a, t in nav) + "</nav>\n")
     parts.append('<section id="summary"><h2>Summary</h2><div class="cards">' + "".join(summary_cards)
                  + "</div></section>\n")
     for name, (t, caption, fig) in figures.items.items():

@@ -17,7 +17,24 @@
     return (s * 1e9).toPrecision(3) + " ns";
   }
   function fmtY(v) { return lineage ? v.toPrecision(4) + " TFLOP/s" : fmtTime(v); }
-  function xOf(i) { return lineage ? i : data.runs[i].time; }
+  /* the x axis of a history is the runs in commit order (one position per run), labelled by commit */
+  function xOf(i) { return i; }
+  function tickLabel(i) {
+    var r = data.runs[i];
+    var head = r.commit ? r.commit.slice(0, 7) + (r.dirty ? "*" : "") : r.id.slice(0, 12);
+    return head + "<br>" + r.time.slice(5, 10);
+  }
+  /* about eight labelled runs across what is in view (each a whole run: no tick between two runs) */
+  function runTicks(lo, hi) {
+    var first = Math.max(0, Math.ceil(lo)), last = Math.min(data.runs.length - 1, Math.floor(hi));
+    var step = Math.max(1, Math.ceil((last - first + 1) / 8)), vals = [];
+    for (var i = first; i <= last; i += step) vals.push(i);
+    return {tickvals: vals, ticktext: vals.map(tickLabel)};
+  }
+  function axisTicks(lo, hi) {
+    var t = runTicks(lo, hi);
+    return {"xaxis.tickvals": t.tickvals, "xaxis.ticktext": t.ticktext};
+  }
   function esc(t) { var d = document.createElement("span"); d.textContent = String(t); return d.innerHTML; }
   function link(href, text) { return href ? '<a href="' + esc(href) + '">' + esc(text) + "</a>" : esc(text); }
 
@@ -166,19 +183,35 @@
       shapes.push({type: "rect", xref: "x", yref: "paper", x0: xOf(st.before), x1: xOf(st.after), y0: 0, y1: 1,
                    fillcolor: st.undone ? "rgba(127,127,127,0.12)" : slower ? "rgba(214,39,40,0.15)" : "rgba(44,160,44,0.15)",
                    line: {width: 0}});
-      annotations.push({x: xOf(st.after), y: 1, xref: "x", yref: "paper", showarrow: false, yanchor: "bottom",
-                        text: (st.undone ? "undone " : "") + (slower ? "slower " : "faster ") +
+      /* inside the plot, at the top of the shaded range: the toolbar sits above the plot's top right */
+      annotations.push({x: xOf(st.after), y: 0.98, xref: "x", yref: "paper", showarrow: false, yanchor: "top",
+                        xanchor: "left", bgcolor: "rgba(255,255,255,0.8)",
+                        text: (st.undone ? "undone " : "") + (slower ? "slower +" : "faster ") +
                               (100 * st.size).toFixed(1) + "%", font: {color: color, size: 11}});
     });
-    return {height: 300, margin: {l: 70, r: 20, t: 30, b: 40}, showlegend: false, shapes: shapes,
-            annotations: annotations, hovermode: "closest",
-            xaxis: {title: {text: lineage ? "version" : "commit date (run time where unknown)"}, dtick: lineage ? 1 : undefined},
+    var xaxis = lineage ? {title: {text: "version"}, dtick: 1}
+      : Object.assign({title: {text: "runs in commit order (commit date; run time where unknown)"},
+                       tickmode: "array", range: [-0.5, data.runs.length - 0.5], zeroline: false},
+                      runTicks(0, data.runs.length - 1));
+    return {height: 320, margin: {l: 70, r: 20, t: 30, b: 60}, showlegend: false, shapes: shapes,
+            annotations: annotations, hovermode: "closest", xaxis: xaxis,
             yaxis: {title: {text: lineage ? "TFLOP/s" : "median time (s)"}, tickformat: "~s", range: yRange(s)}};
   }
   function draw(div, s) {
     Plotly.newPlot(div, traces(s), layout(s), {displaylogo: false, responsive: true}).then(function () {
       div.setAttribute("data-rendered", "1");
     });
+    if (!lineage) {
+      /* zoomed or panned: label the runs now in view */
+      div.on("plotly_relayout", function (ev) {
+        if (ev["xaxis.range[0]"] !== undefined) {
+          Plotly.relayout(div, axisTicks(ev["xaxis.range[0]"], ev["xaxis.range[1]"]));
+        } else if (ev["xaxis.autorange"]) {
+          Plotly.relayout(div, Object.assign({"xaxis.range": [-0.5, data.runs.length - 0.5]},
+                                             axisTicks(0, data.runs.length - 1)));
+        }
+      });
+    }
     div.on("plotly_click", function (ev) {
       var p = ev.points && ev.points[0];
       if (!p || p.customdata === undefined || !detailsEl) return;
@@ -207,7 +240,9 @@
     shown.forEach(function (s) {
       var box = document.createElement("section");
       box.className = "chart";
-      var steps = (s.steps || []).map(function (st) { return (100 * st.size).toFixed(1) + "%"; }).join(", ");
+      var steps = (s.steps || []).map(function (st) {
+        return (st.undone ? "undone " : "") + (st.size > 0 ? "slower +" : "faster ") + (100 * st.size).toFixed(1) + "%";
+      }).join(", ");
       box.innerHTML = "<h3>" + esc(s.backend) + " \u00b7 " + esc(s.case) + "</h3>" +
         (steps ? '<p class="steps">steps: ' + esc(steps) + "</p>" : "") + '<div class="plot"></div>';
       box.kbenchSeries = s;

@@ -59,6 +59,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     # records, typed (kbench.record): what readers of result files use
     "Record": ("kbench.record", "Record"),
     "records_of": ("kbench.record", "records_of"),
+    # lineages handed to the history site (hook kbench_read_lineages)
+    "LineageHistory": ("kbench.history.lineages", "LineageHistory"),
+    "LineageVersion": ("kbench.history.lineages", "LineageVersion"),
     # one vocabulary for statuses and dtypes
     "DType": ("kbench.enums", "DType"),
     "Status": ("kbench.enums", "Status"),
@@ -134,6 +137,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.unsupported import Unsupported
     from kbench.hardware import (PROFILE_FILE_SCHEMA, HardwareProfile, load_profiles, match_profile,
                                  profiles_from_data)
+    from kbench.history.lineages import LineageHistory, LineageVersion
     from kbench.kernelfile import Substrate
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import softmax_scale

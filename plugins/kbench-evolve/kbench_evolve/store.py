@@ -277,3 +277,20 @@ def list_lineages(workspace: Path) -> Iterator[Lineage]:
     for p in sorted(ws.iterdir()):
         if (p / "lineage.json").is_file():
             yield Lineage(p)
+
+
+def lineage_histories(workspace: Path) -> list[Any]:
+    """The lineages of a workspace as the core's history site draws them (``kbench.api.LineageHistory``):
+    each committed version's scores and the result file that measured it; [] when it holds none."""
+    from kbench.api import LineageHistory, LineageVersion
+
+    out = []
+    for lineage in list_lineages(workspace):
+        versions = []
+        for v in lineage.versions():
+            files = v.meta.get("result_files") or []
+            versions.append(LineageVersion(v.number, str(v.meta.get("committed") or ""),
+                                           str(v.meta.get("operator") or ""), str(v.meta.get("rationale") or ""),
+                                           v.geomean, v.scores, result_file=files[0] if files else None))
+        out.append(LineageHistory(lineage.name, lineage.root, versions, len(lineage.attempts())))
+    return out

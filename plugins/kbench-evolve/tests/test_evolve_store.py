@@ -163,3 +163,19 @@ def test_store_and_fitness_use_the_core_utilities(tmp_path):
     target = tmp_path / "deep" / "file.txt"
     store.atomic_write_text(target, "é\n")
     assert target.read_text(encoding="utf-8") == "é\n" and list(target.parent.iterdir()) == [target]
+
+
+def test_lineages_reach_the_history_site_through_the_core_hook(tmp_path):
+    from kbench.api import LineageHistory, get_plugin_manager
+
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
+    lin.commit("A = 1\n", {"geomean": 1.0, "operator": "seed", "scores": {"c": 1.0}, "result_files": ["/r/1.json"]})
+    lin.commit("A = 2\n", {"geomean": 2.0, "operator": "mutate", "rationale": "bigger", "scores": {"c": 2.0}})
+    lin.log_attempt({"outcome": "rejected", "reason": "slow"})
+    (tmp_path / "not-a-lineage").mkdir()
+    answers = get_plugin_manager().hook.kbench_read_lineages(workspace=tmp_path)
+    (history,) = [h for answer in answers for h in answer]
+    assert isinstance(history, LineageHistory) and history.name == "x" and history.attempts == 1
+    assert [(v.number, v.operator, v.geomean, v.scores, v.result_file) for v in history.versions] == [
+        (1, "seed", 1.0, {"c": 1.0}, "/r/1.json"), (2, "mutate", 2.0, {"c": 2.0}, None)]
+    assert get_plugin_manager().hook.kbench_read_lineages(workspace=tmp_path / "not-a-lineage") == [[]]

@@ -45,8 +45,9 @@ def init_command(pm, name, seed, suite, workspace, device):
     lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
     try:
         source = seed.read_text(encoding="utf-8")
-        m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
-                                seed, "seed")
+        with lineage.hold():
+            m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
+                                    seed, "seed")
         if not m.correct:
             raise BadInput("the seed kernel is not correct on every case of the suite: "
                            + "; ".join(f"{c}: {w}" for c, w in m.failures.items()), file=str(seed),
@@ -411,9 +412,16 @@ def transfer_command(pm, name, suite, workspace, device):
 
     Later `kbench evolve run NAME` optimises for the new suite (AVO's MHA -> GQA adaptation).
     """
-    from kbench_evolve.fitness import Evaluator
+    from kbench_evolve.engine import measuring
 
     lineage = _lineage(workspace, name)
+    with measuring(lineage, click.echo):
+        _transfer(pm, lineage, name, suite, device)
+
+
+def _transfer(pm, lineage, name, suite, device) -> None:
+    from kbench_evolve.fitness import Evaluator
+
     champ = lineage.champion()
     stored = lineage.adopt_suite(suite)
     m = _measure_or_explain(Evaluator(pm, lineage.suite_path(stored), lineage.scratch("runs"), device=device),

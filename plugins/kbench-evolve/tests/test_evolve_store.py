@@ -1,13 +1,15 @@
 """Lineage store (atomic commits, torn logs, stale temp dirs), kernel-source editing, statistics."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 from kbench_evolve import source as src
 from kbench_evolve.fitness import speedup_interval
-from kbench_evolve.store import Lineage, read_jsonl
+from kbench_evolve.store import IN_FLIGHT, Lineage, read_jsonl
 
 from evolve_testlib import bad_seed_source
 
@@ -40,16 +42,28 @@ def test_commit_numbers_versions_and_champion_is_newest(tmp_path):
         Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
 
 
-def test_half_written_version_from_a_kill_is_ignored_and_cleaned(tmp_path):
+def test_what_a_killed_process_left_is_ignored_then_cleaned_by_the_next_holder(tmp_path):
     lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
     lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
     stale = lin.root / "versions" / ".tmp-abc"
     stale.mkdir()
     (stale / "kernel.py").write_text("half")
+    unfinished = lin.root / "runs" / IN_FLIGHT / "20260101-screen"
+    unfinished.mkdir(parents=True)
+    (unfinished / "20260101-screen.json").write_text("{")
     assert [v.label for v in lin.versions()] == ["v1"]
-    Lineage.open(tmp_path, "x")
-    assert not stale.exists()
-    assert lin.commit("A = 3\n", {"geomean": 3.0, "suite": "s.yaml"}).label == "v2"
+    Lineage.open(tmp_path, "x")  # reading a lineage removes nothing: another process may be writing these
+    assert stale.exists() and unfinished.exists()
+    with Lineage.open(tmp_path, "x").hold() as lease:
+        assert not stale.exists() and not (lin.root / "runs" / IN_FLIGHT).exists()
+        assert lease.previous is None and lin.holder()["pid"] == os.getpid() and not lin.holder()["ended"]
+        with pytest.raises(BadInput, match=f"being measured by another process \\(pid {os.getpid()}"):
+            with lin.hold():
+                pass
+        assert lin.commit("A = 3\n", {"geomean": 3.0, "suite": "s.yaml"}).label == "v2"
+    assert lin.holder()["ended"] and lin.holder()["token"] == lease.token
+    with lin.hold() as again:  # the next holder sees that the one before ended (not killed)
+        assert again.previous["token"] == lease.token and again.previous["ended"]
 
 
 def test_attempts_log_survives_a_torn_last_line(tmp_path):

@@ -217,6 +217,15 @@ def _screen_executor(pm, name: str, address: str | None, opts: tuple[str, ...]) 
     if why:
         raise BadInput(f"executor {name!r} cannot run here: {why}", where="--executor",
                        fix="`kbench list` shows the executors and why each is unavailable")
+    if "slots" not in settings:
+        # one device per screening run, so that --parallel N runs N of them at once: screening runs that each
+        # asked for every device of the cluster would wait on each other's devices (an executor that has no
+        # such setting keeps its own)
+        try:
+            factory.check(executor_kit.ExecutorOptions(devices=None, address=address, settings={**settings, "slots": "1"}))
+            settings = {**settings, "slots": "1"}
+        except BadInput:
+            pass
     factory.check(executor_kit.ExecutorOptions(devices=None, address=address, settings=settings))
     return {"name": name, "address": address, "settings": settings}
 

@@ -59,6 +59,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     # records, typed (kbench.record): what readers of result files use
     "Record": ("kbench.record", "Record"),
     "records_of": ("kbench.record", "records_of"),
+    "load_result": ("kbench.results", "load_result"),  # a result file read, migrated, validated, journal folded
     # lineages handed to the history site (hook kbench_read_lineages)
     "LineageHistory": ("kbench.history.lineages", "LineageHistory"),
     "LineageVersion": ("kbench.history.lineages", "LineageVersion"),
@@ -143,6 +144,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.ops.attention import softmax_scale
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.record import Record, records_of
+    from kbench.results import load_result
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.integrity import parse_source
     from kbench.calibrate import MatmulSpec

@@ -315,6 +315,14 @@ class VariationContext:
             if self.state.get("in_flight", {}).pop(entry.get("submit"), None) is not None:
                 self.save()
 
+    def _environment_failed(self, base: dict[str, Any], exc: EnvironmentFailure) -> None:
+        """The harness could not measure the candidate: logged (never held against it), and the step is given
+        back, so the variation tried again after the outage still has it."""
+        with self.shared.lock:
+            self.spent.steps = max(0, self.spent.steps - 1)
+            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self.save()
+
     def _in_flight(self, base: dict[str, Any], stage: str, **more: Any) -> None:
         """Note in the saved state that this submit is measuring now (``stage``: screening, duel): if the process
         dies, the next run logs it as ``interrupted`` with the time it had used (:func:`settle_interrupted`)."""
@@ -357,8 +365,7 @@ class VariationContext:
                 champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
                                                                    bracket=True, remote=True)
         except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
-            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
-            self.save()
+            self._environment_failed(base, exc)
             raise
         base["screened"] = [round(started, 3), round(time.time(), 3)]  # (start, end) in Unix seconds
         if self.parallel > 1:
@@ -399,8 +406,7 @@ class VariationContext:
             decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()),
                                            first=None if remote else (champ_screen, screen))
         except EnvironmentFailure as exc:
-            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
-            self.save()
+            self._environment_failed(base, exc)
             raise
         self.save()
         dj = decision.to_json()

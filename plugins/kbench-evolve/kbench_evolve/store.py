@@ -49,7 +49,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 RUN_LOCK = ".run.lock"
 IN_FLIGHT = ".in-flight"
 #: seconds between heartbeats of the holder (the most run time a SIGKILL can leave uncounted)
-HEARTBEAT = 1.0
+HEARTBEAT = 0.5
 #: the lock file's size: each heartbeat rewrites it whole, so a reader never meets the tail of an older one
 LOCK_BYTES = 256
 

@@ -22,14 +22,17 @@ def test_a_kill_during_screening_is_an_interrupted_attempt_whose_time_and_step_c
                             env={**os.environ, "KBENCH_EVOLVE_DIR": str(workspace)}, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        # wait until a screening run has been going for a heartbeat of the lineage's lock or more
+        # wait until a screening run has written its result file and been going for half a second by the
+        # heartbeat of the lineage's lock
         state, ticket, deadline = {}, None, time.monotonic() + 180
         while ticket is None and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
             state = lineage.load_state() or {}
             alive = (lineage.holder() or {}).get("alive", 0.0)
             ticket = next((t for t in (state.get("in_flight") or {}).values()
-                           if t["stage"] == "screening" and alive - t["started"] >= 1.0), None)
+                           if t["stage"] == "screening" and alive - t["started"] >= 0.5), None)
+            if ticket and not list((runs / IN_FLIGHT).glob("*/*-screen*.json")):
+                ticket = None
         assert ticket is not None and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else ""
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -48,7 +51,7 @@ def test_a_kill_during_screening_is_an_interrupted_attempt_whose_time_and_step_c
     *settled, killed = attempts
     assert all(a["outcome"] in ("rejected", "committed") for a in settled)
     assert killed["outcome"] == "interrupted" and killed["stage"] == "screening"
-    assert killed["sha"] == ticket["attempt"]["sha"] and killed["time_s"] >= 1.0
+    assert killed["sha"] == ticket["attempt"]["sha"] and killed["time_s"] >= 0.5
     final = lineage.load_state()
     assert final["status"] == "finished" and final["spent"]["bench_calls"] == steps and "in_flight" not in final
     # the killed process's time until its last heartbeat is spent: at least what it had saved plus the screening

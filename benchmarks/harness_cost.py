@@ -32,8 +32,10 @@ def one_run(suite: str, device: str, extra: list[str]) -> dict:
         if not out.exists():
             raise SystemExit(f"kbench run wrote no result (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         data = json.loads(out.read_text())
+    from kbench.tables import min_samples_of
+
     passed = [r for r in data["records"] if r["status"] == "passed"]
-    min_samples = int(data["suite"].get("timing", {}).get("min_samples", 10))
+    min_samples = min_samples_of(data)
     timed = sum(sum(r["timing"]["samples"]) for r in passed)
     durations = sum(r.get("duration") or 0.0 for r in data["records"])
     parent = sum(r["timing"]["accounting"]["parent_seconds"] for r in passed)

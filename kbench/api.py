@@ -60,6 +60,10 @@ SURFACE: dict[str, tuple[str, str]] = {
     "load_result": ("kbench.results", "load_result"),
     "Record": ("kbench.record", "Record"),
     "records_of": ("kbench.record", "records_of"),
+    "load_result": ("kbench.results", "load_result"),  # a result file read, migrated, validated, journal folded
+    # lineages handed to the history site (hook kbench_read_lineages)
+    "LineageHistory": ("kbench.history.lineages", "LineageHistory"),
+    "LineageVersion": ("kbench.history.lineages", "LineageVersion"),
     # one vocabulary for statuses and dtypes
     "DType": ("kbench.enums", "DType"),
     "Status": ("kbench.enums", "Status"),
@@ -143,12 +147,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.unsupported import Unsupported
     from kbench.hardware import (PROFILE_FILE_SCHEMA, HardwareProfile, load_profiles, match_profile,
                                  profiles_from_data)
+    from kbench.history.lineages import LineageHistory, LineageVersion
     from kbench.kernelfile import Substrate
     from kbench.measurement import CallableBackend, Measurement, measure
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import softmax_scale
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.record import Record, records_of
+    from kbench.results import load_result
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.source import parse_source
     from kbench.calibrate import MatmulSpec

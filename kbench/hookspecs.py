@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import click
 
     from kbench.devices import Device
     from kbench.hardware import HardwareProfile
+    from kbench.history.lineages import LineageHistory
     from kbench.registry import Registry
 
 hookspec = pluggy.HookspecMarker("kbench")
@@ -121,4 +124,20 @@ def kbench_environment() -> dict[str, Any]:
     """Return facts to record in each result's ``environment`` (library versions, driver, ...).
 
     Must be fast and must not fail: return ``{}`` when the library is absent.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# History: called by ``kbench publish --lineages DIR``.
+# ---------------------------------------------------------------------------------------------
+
+@hookspec
+def kbench_read_lineages(workspace: Path) -> list[LineageHistory] | None:
+    """Return the lineages this plugin keeps in ``workspace`` (the directory given to ``kbench publish
+    --lineages``), oldest version first, as ``kbench.api.LineageHistory`` objects; ``None`` when this plugin
+    keeps no lineages (``[]`` when it does but the directory holds none).
+
+    Each ``kbench.api.LineageVersion`` names the result file that measured it (``result_file``); the core
+    reads the confidence bands from that file, so leave ``bands`` empty. The answers of all plugins are joined;
+    when no plugin implements the hook, ``--lineages`` is refused naming the plugin to install.
     """

@@ -1,8 +1,8 @@
 """Evolve lineages as histories: each committed version's scores, version number on the x axis.
 
-Read through the evolve plugin's public store (``kbench_evolve.store``); a version's confidence band
-comes from the result file that measured it (``result_files`` in its metadata) when that file is still
-there, and is left out when it is not.
+The core keeps no lineages: the plugins that do (kbench-evolve) hand them over through the hook
+``kbench_read_lineages``. A version's confidence band comes from the result file that measured it
+(``result_file``) when that file is still there, and is left out when it is not.
 """
 from __future__ import annotations
 
@@ -55,25 +55,24 @@ def _bands(result_file: str | None) -> dict[str, tuple[float, float]]:
     return out
 
 
-def load_lineages(workspace: str | Path) -> list[LineageHistory]:
-    """Every lineage under an evolve workspace (``kbench evolve --workspace``, default ./evolve)."""
-    try:
-        from kbench_evolve.store import list_lineages
-    except ImportError:
-        raise BadInput("reading lineages needs the kbench-evolve plugin", where="--lineages",
-                       fix="pip install -e plugins/kbench-evolve, or leave out --lineages") from None
+def load_lineages(workspace: str | Path, pm: Any = None) -> list[LineageHistory]:
+    """Every lineage under an evolve workspace (``kbench evolve --workspace``, default ./evolve), as the plugins
+    that keep lineages read them (hook ``kbench_read_lineages``), with each version's confidence bands."""
+    if pm is None:
+        from kbench.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
     ws = Path(workspace)
     if not ws.is_dir():
         raise BadInput("no such evolve workspace", file=str(ws), where="--lineages",
                        fix="give the directory `kbench evolve` keeps its lineages in (KBENCH_EVOLVE_DIR, ./evolve)")
-    out = []
-    for lineage in list_lineages(ws):
-        versions = []
-        for v in lineage.versions():
-            meta: dict[str, Any] = v.meta
-            files = meta.get("result_files") or []
-            versions.append(LineageVersion(v.number, str(meta.get("committed") or ""), str(meta.get("operator") or ""),
-                                           str(meta.get("rationale") or ""), v.geomean, v.scores,
-                                           _bands(files[0] if files else None), files[0] if files else None))
-        out.append(LineageHistory(lineage.name, lineage.root, versions, len(lineage.attempts())))
+    answers = pm.hook.kbench_read_lineages(workspace=ws)
+    if not answers:
+        raise BadInput("reading lineages needs a plugin that keeps them, such as kbench-evolve", where="--lineages",
+                       fix="pip install -e plugins/kbench-evolve, or leave out --lineages")
+    out = [lineage for answer in answers for lineage in answer]
+    for lineage in out:
+        for v in lineage.versions:
+            if not v.bands:
+                v.bands = _bands(v.result_file)
     return out

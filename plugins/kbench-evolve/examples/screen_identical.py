@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kbench.plugins import PluginManager
+from kbench.api import get_plugin_manager
 from kbench_evolve.fitness import Evaluator, screen_verdict
 from kbench_evolve.store import Lineage, atomic_write_text, workspace_root
 
@@ -25,7 +25,7 @@ def main() -> int:
     args = parser.parse_args()
     lineage = Lineage.open(workspace_root(), args.lineage)
     champ = lineage.champion()
-    ev = Evaluator(PluginManager(), lineage.current_suite(), lineage.scratch("runs"), device=args.device)
+    ev = Evaluator(get_plugin_manager(), lineage.current_suite(), lineage.scratch("runs"), device=args.device)
     dropped = 0
     for i in range(args.tries):
         copy = lineage.scratch("candidates") / f"screen-copy-{i}.py"

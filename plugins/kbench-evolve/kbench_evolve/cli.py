@@ -45,8 +45,9 @@ def init_command(pm, name, seed, suite, workspace, device):
     lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
     try:
         source = seed.read_text(encoding="utf-8")
-        m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
-                                seed, "seed")
+        with lineage.hold():
+            m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
+                                    seed, "seed")
         if not m.correct:
             raise BadInput("the seed kernel is not correct on every case of the suite: "
                            + "; ".join(f"{c}: {w}" for c, w in m.failures.items()), file=str(seed),
@@ -216,6 +217,15 @@ def _screen_executor(pm, name: str, address: str | None, opts: tuple[str, ...]) 
     if why:
         raise BadInput(f"executor {name!r} cannot run here: {why}", where="--executor",
                        fix="`kbench list` shows the executors and why each is unavailable")
+    if "slots" not in settings:
+        # one device per screening run, so that --parallel N runs N of them at once: screening runs that each
+        # asked for every device of the cluster would wait on each other's devices (an executor that has no
+        # such setting keeps its own)
+        try:
+            factory.check(executor_kit.ExecutorOptions(devices=None, address=address, settings={**settings, "slots": "1"}))
+            settings = {**settings, "slots": "1"}
+        except BadInput:
+            pass
     factory.check(executor_kit.ExecutorOptions(devices=None, address=address, settings=settings))
     return {"name": name, "address": address, "settings": settings}
 
@@ -411,9 +421,16 @@ def transfer_command(pm, name, suite, workspace, device):
 
     Later `kbench evolve run NAME` optimises for the new suite (AVO's MHA -> GQA adaptation).
     """
-    from kbench_evolve.fitness import Evaluator
+    from kbench_evolve.engine import measuring
 
     lineage = _lineage(workspace, name)
+    with measuring(lineage, click.echo):
+        _transfer(pm, lineage, name, suite, device)
+
+
+def _transfer(pm, lineage, name, suite, device) -> None:
+    from kbench_evolve.fitness import Evaluator
+
     champ = lineage.champion()
     stored = lineage.adopt_suite(suite)
     m = _measure_or_explain(Evaluator(pm, lineage.suite_path(stored), lineage.scratch("runs"), device=device),

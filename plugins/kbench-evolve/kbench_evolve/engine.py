@@ -21,6 +21,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 import zlib
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -308,14 +309,34 @@ class VariationContext:
                 self.shared.in_flight.pop(sha, None)
 
     def _log(self, entry: dict[str, Any]) -> None:
+        """An attempt line; the submit it settles is no longer in flight (both saved before returning)."""
         with self.shared.lock:
             self.lineage.log_attempt(entry)
+            if self.state.get("in_flight", {}).pop(entry.get("submit"), None) is not None:
+                self.save()
+
+    def _environment_failed(self, base: dict[str, Any], exc: EnvironmentFailure) -> None:
+        """The harness could not measure the candidate: logged (never held against it), and the step is given
+        back, so the variation tried again after the outage still has it."""
+        with self.shared.lock:
+            self.spent.steps = max(0, self.spent.steps - 1)
+            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
+            self.save()
+
+    def _in_flight(self, base: dict[str, Any], stage: str, **more: Any) -> None:
+        """Note in the saved state that this submit is measuring now (``stage``: screening, duel): if the process
+        dies, the next run logs it as ``interrupted`` with the time it had used (:func:`settle_interrupted`)."""
+        with self.shared.lock:
+            ticket = self.state.setdefault("in_flight", {}).setdefault(base["submit"],
+                                                                        {"started": round(time.time(), 3)})
+            ticket.update(stage=stage, attempt={**base, **more})
+            self.save()
 
     def _submit(self, source: str, *, rationale: str, extra: dict[str, Any] | None = None) -> SubmitResult:
         champion = self.champion()
         sha = src.sha(source)
         base = {"operator": self.operator, "sha": sha, "parent": champion.label, "rationale": rationale,
-                **(extra or {})}
+                **(extra or {}), "submit": uuid.uuid4().hex[:12]}
 
         def fail(reason: str, **more) -> SubmitResult:
             self._log({**base, "outcome": "rejected", "reason": reason, **more})
@@ -335,6 +356,7 @@ class VariationContext:
         if self.parallel > 1:
             base["worker"] = self.worker
             self.log(f"screening {sha[:8]} ({rationale[:80]})")
+        self._in_flight(base, "screening")
         # a screening here shares the device with the other workers' screenings, never with a duel
         gate = self.shared.device.screening() if self.evaluator.screen_executor is None else nullcontext()
         try:
@@ -343,8 +365,7 @@ class VariationContext:
                 champ_screen, screen = self.evaluator.measure_pair(champion.kernel_path, path, label="screen",
                                                                    bracket=True, remote=True)
         except EnvironmentFailure as exc:  # the harness's failure: logged, never held against the candidate
-            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
-            self.save()
+            self._environment_failed(base, exc)
             raise
         base["screened"] = [round(started, 3), round(time.time(), 3)]  # (start, end) in Unix seconds
         if self.parallel > 1:
@@ -380,12 +401,12 @@ class VariationContext:
                 self._log({**base, "outcome": "abandoned", "reason": f"{exc} before the duel",
                            "scores": screen.zeroed(), "result_file": screen.result_file})
                 raise
+        self._in_flight(base, "duel", scores=screen.zeroed(), result_file=screen.result_file)
         try:
             decision = self.evaluator.duel(champion.kernel_path, path, seed=zlib.crc32(sha.encode()),
                                            first=None if remote else (champ_screen, screen))
         except EnvironmentFailure as exc:
-            self._log({**base, "outcome": "environment", "reason": str(exc)[:500]})
-            self.save()
+            self._environment_failed(base, exc)
             raise
         self.save()
         dj = decision.to_json()
@@ -452,7 +473,7 @@ def vary(op, ctx: VariationContext, parallel: int) -> str:
             while t.is_alive():
                 t.join(0.2)  # in slices, so a Ctrl-C reaches the main thread
     except KeyboardInterrupt:
-        shared.stop.set()  # screenings in flight are abandoned (not logged: tried again on resume)
+        shared.stop.set()  # submits in flight are abandoned: logged `interrupted` by the next run, tried again
         raise
     finally:
         if in_main:
@@ -467,6 +488,57 @@ def vary(op, ctx: VariationContext, parallel: int) -> str:
     if done and all(s.startswith("exhausted") for s in done):
         return done[0]
     return next((s for s in done if not s.startswith("exhausted")), "no commit (every worker stopped)")
+
+
+def settle_interrupted(lineage: Lineage, lease, echo: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """What the process before left unfinished, settled by the next holder of the lineage before it measures
+    anything; returns the saved run state, settled (None when there is none).
+
+    Every submit still in flight in the saved state (the process was killed, or stopped by Ctrl-C, while
+    measuring it) gets its attempt line: ``outcome: interrupted``, the stage it was in and ``time_s``, the
+    seconds it ran until its process was last alive (the lock's heartbeat). It counts as a step spent, not
+    as a candidate tried: it may be proposed again. When that process was killed, the run's spent time
+    becomes what it had run until its last heartbeat (the time after its last save would be lost otherwise).
+    """
+    old = lineage.load_state()
+    if not old:
+        return None
+    session = old.get("session") or {}
+    previous = lease.previous
+    # the lock's last heartbeat is this run's only if the run was its last holder (not, say, a transfer since)
+    last = previous if previous and session.get("lease") and previous.get("token") == session["lease"] else None
+    last_alive = last.get("alive") if last else None
+    changed = False
+    tickets = old.pop("in_flight", None) or {}
+    logged = {a.get("submit") for a in lineage.attempts() if a.get("submit")} if tickets else set()
+    for submit, ticket in tickets.items():
+        changed = True
+        if submit in logged:  # its line was written, the process died before saving the state
+            continue
+        used = round(max(0.0, last_alive - ticket["started"]), 3) if last_alive else None
+        lineage.log_attempt({**ticket.get("attempt", {}), "submit": submit, "outcome": "interrupted",
+                             "stage": ticket.get("stage"), "started": ticket["started"], "time_s": used,
+                             "reason": f"the run stopped during its {ticket.get('stage', 'measurement')} "
+                                       "(counted as spent; not settled, it may be proposed again)"})
+        echo(f"  ! {str(ticket.get('attempt', {}).get('sha', '?'))[:8]} was interrupted during its "
+             f"{ticket.get('stage')}" + (f" after {used:.1f} s" if used is not None else "")
+             + ": logged, its time and step counted")
+    if last and last_alive and not last.get("ended"):
+        ran = round(float(session.get("spent_before") or 0.0) + max(0.0, last_alive - last["started"]), 3)
+        spent = old.setdefault("spent", {})
+        if ran > float(spent.get("time") or 0.0):
+            spent["time"], changed = ran, True
+    if changed:
+        lineage.save_state(old)
+    return old
+
+
+@contextmanager
+def measuring(lineage: Lineage, echo: Callable[[str], None] = print) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    """Hold the lineage (one measuring process at a time; what a killed one left is removed) and settle what
+    the run before left in flight: ``(lease, the saved run state, settled)``."""
+    with lineage.hold() as lease:
+        yield lease, settle_interrupted(lineage, lease, echo)
 
 
 def make_state(operator: str, budget: Budget, options: dict[str, Any]) -> dict[str, Any]:
@@ -495,6 +567,19 @@ def run_evolution(pm, lineage: Lineage, state: dict[str, Any], *, device: str = 
     with capped exponential backoff and tries the variation again, until ``options["max_outage"]``
     seconds of waiting in a row; the waits are recorded in ``state["outages"]``.
     """
+    with measuring(lineage, echo) as (lease, saved):
+        state.pop("in_flight", None)  # settled
+        if saved and saved.get("started") == state.get("started"):  # this run continued: its time as settled
+            spent = state.setdefault("spent", {})
+            spent["time"] = max(float(spent.get("time") or 0.0), float((saved.get("spent") or {}).get("time") or 0.0))
+        state["session"] = {"lease": lease.token, "started": round(lease.started, 3),
+                            "spent_before": float(state.get("spent", {}).get("time") or 0.0)}
+        return _run_held(pm, lineage, state, device=device, knowledge=knowledge, echo=echo,
+                         operator_obj=operator_obj, sleep=sleep)
+
+
+def _run_held(pm, lineage: Lineage, state: dict[str, Any], *, device: str, knowledge, echo: Callable[[str], None],
+              operator_obj, sleep: Callable[[float], None]) -> str:
     from kbench_evolve.operators import operator_registry
 
     name = state["operator"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ import numpy as np
 
 from kbench.api import Status, Suite, load_suite, suite_from_data
 from kbench.api import geomean as core_geomean
+
+from kbench_evolve.store import IN_FLIGHT
 
 #: timing for a correctness-only run: every case is still executed and checked, barely timed
 CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_time": 0.0, "max_time": 0.001,
@@ -219,12 +223,31 @@ class Evaluator:
 
     def _run_once(self, kernels: list[str], *, label: str, keyword: str | None,
                   check_only: bool, remote: bool = False) -> list[Measurement]:
-        from kbench.api import KbenchError, RunRequest, plan_run, run_suite
-
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         # concurrent workers (--parallel) may start runs in the same microsecond: their thread tells them apart
         worker = "" if threading.current_thread() is threading.main_thread() else f"-{threading.get_ident():x}"
-        output = self.runs_dir / f"{stamp}-{label}{worker}.json"
+        name = f"{stamp}-{label}{worker}"
+        # the run writes in a directory of its own (with its journal and lock) and its file joins runs/ only
+        # complete: what a killed run leaves is all under runs/.in-flight, which the next holder removes
+        staging = self.runs_dir / IN_FLIGHT / name
+        try:
+            staging.mkdir(parents=True)
+        except OSError as exc:
+            raise EnvironmentFailure(f"cannot make the run's directory {staging}: {exc}") from exc
+        try:
+            return self._run_in(staging / f"{name}.json", self.runs_dir / f"{name}.json", kernels, label=label,
+                                keyword=keyword, check_only=check_only, remote=remote)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                staging.parent.rmdir()  # the last run in flight: runs/ holds result files only
+            except OSError:
+                pass
+
+    def _run_in(self, output: Path, final: Path, kernels: list[str], *, label: str, keyword: str | None,
+                check_only: bool, remote: bool) -> list[Measurement]:
+        from kbench.api import KbenchError, RunRequest, plan_run, run_suite
+
         # "!*" selects no registered backend: only the kernel files run
         req = RunRequest(suite=self._suite(check_only), device=self.device, backend_patterns=["!*"],
                          kernel_files=kernels, keyword=keyword, output=output)
@@ -248,9 +271,13 @@ class Evaluator:
             return [self._run_once([k], label=f"{label}-{i}", keyword=keyword, check_only=check_only,
                                    remote=remote)[0] for i, k in enumerate(kernels)]
         writer = run_suite(self.pm, planned)
+        try:
+            os.replace(output, final)
+        except OSError as exc:
+            raise EnvironmentFailure(f"cannot keep the run's result file in {final.parent}: {exc}") from exc
         if self.on_run is not None:
             self.on_run()
-        return [measurement_from_records(k, str(output), [r for r in writer.records if r["backend"] == name])
+        return [measurement_from_records(k, str(final), [r for r in writer.records if r["backend"] == name])
                 for k, name in zip(kernels, names)]
 
     def run(self, kernels: list[str | Path], *, label: str, keyword: str | None = None,

@@ -19,7 +19,6 @@ pricing, nor ``--price-input/--price-output``): an unpriced call is counted as u
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable
@@ -235,11 +234,3 @@ def tool_schema(name: str, description: str, properties: dict[str, Any] | None =
                                              "parameters": {"type": "object", "properties": properties or {},
                                                             "required": list(required)}}}
 
-
-def parse_arguments(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError("tool arguments must be a JSON object")
-    return value

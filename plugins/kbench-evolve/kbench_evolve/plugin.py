@@ -1,8 +1,9 @@
 """Entry point of the kbench-evolve plugin (group ``kbench``). Imports nothing heavy at import time.
 
 Hooks: this plugin's own hookspecs (``kbench_evolve_register_operators``), the built-in operators
-(registered through that hook like any third-party operator), the ``evolve`` command group, and
-the ``evolved:<name>`` backends found in the workspace.
+(registered through that hook like any third-party operator), the ``evolve`` command group, the
+``evolved:<name>`` backends found in the workspace, and the lineages of a workspace for the history
+site (``kbench publish --lineages``).
 """
 from __future__ import annotations
 
@@ -44,3 +45,10 @@ def kbench_register_backends(registry):
     from kbench_evolve.backends import register_evolved
 
     register_evolved(registry)
+
+
+@kbench.hookimpl
+def kbench_read_lineages(workspace):
+    from kbench_evolve.store import lineage_histories
+
+    return lineage_histories(workspace)

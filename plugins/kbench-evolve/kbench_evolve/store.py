@@ -12,20 +12,31 @@ Layout of ``<workspace>/<name>/``::
     state.json              the operator run in progress (budgets spent, conversation), for ``resume``
     memory.md               the agent's persistent notes
     candidates/             scratch files of candidates being measured
-    runs/                   the kbench result files behind every score (evidence)
+    runs/                   the kbench result files behind every score (evidence), each moved here when complete
+    runs/.in-flight/        one directory per kbench run in progress (its result file, journal and lock)
     trajectories/           one JSONL per agent variation: every message and tool call
+    .run.lock               held (flock) by the process that measures: its pid and a heartbeat
 
 The champion is always the newest version: a version is only committed when it beats the previous
 newest one (or, for ``transfer``, when the lineage moves to a new suite), so there is no pointer to
 update and nothing to get out of step.
+
+One process at a time measures a lineage (:meth:`Lineage.hold`). What a killed one leaves (half-made
+version directories, unfinished kbench runs) is removed by the next holder, which also reads from the
+lock file when the killed one was last alive, so the time it spent is counted.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,6 +45,13 @@ from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso
 
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: the lock a measuring process holds, and the directory of its kbench runs in progress
+RUN_LOCK = ".run.lock"
+IN_FLIGHT = ".in-flight"
+#: seconds between heartbeats of the holder (the most run time a SIGKILL can leave uncounted)
+HEARTBEAT = 0.5
+#: the lock file's size: each heartbeat rewrites it whole, so a reader never meets the tail of an older one
+LOCK_BYTES = 256
 
 
 def workspace_root(explicit: str | Path | None = None) -> Path:
@@ -147,17 +165,61 @@ class Lineage:
             raise BadInput(f"no lineage {name!r} in {workspace}", where="NAME",
                            fix=f"create it with `kbench evolve init {name} --seed FILE --suite SUITE` "
                                f"(lineages here: {known}; set KBENCH_EVOLVE_DIR or --workspace for another place)")
-        lin = cls(root)
-        lin.clean_scratch()
-        return lin
+        return cls(root)
 
-    def clean_scratch(self) -> None:
-        """Remove half-made version directories left by a kill before their rename."""
+    @contextmanager
+    def hold(self) -> Iterator[RunLease]:
+        """This process measures the lineage: an exclusive ``flock`` on ``.run.lock`` (the kernel drops it
+        when the process ends, however it ends), refused naming the holder when another process has it.
+
+        Holding it, nothing else writes versions or kbench runs, so what is there of either was left by a
+        killed process and is removed (:meth:`clean_leftovers`). The lock file keeps the holder's heartbeat
+        (:class:`RunLease`); ``lease.previous`` is the last one of the process before.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_lock(fd) or {}
+            os.close(fd)
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"])) if holder.get("started") else "?"
+            raise BadInput(f"lineage {self.name!r} is being measured by another process (pid {holder.get('pid', '?')}, "
+                           f"since {since})", file=str(self.root / RUN_LOCK),
+                           fix="wait until it ends, or stop it (Ctrl-C; `kbench evolve resume` continues its run)") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        lease = RunLease(fd, previous=_read_lock(fd))
+        try:
+            self.clean_leftovers()
+            lease.start()
+            yield lease
+        finally:
+            lease.release()
+
+    def clean_leftovers(self) -> None:
+        """Remove what a killed process left: version directories made before their rename, and its unfinished
+        kbench runs (result files, journals and locks under ``runs/.in-flight``). Only the holder of
+        :meth:`hold` may call this: another process could be writing them."""
         vdir = self.root / "versions"
         if vdir.is_dir():
             for p in vdir.iterdir():
                 if p.name.startswith(".tmp-"):
                     shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(self.root / "runs" / IN_FLIGHT, ignore_errors=True)
+
+    def holder(self) -> dict[str, Any] | None:
+        """The last heartbeat in the lock file: ``pid``, ``token``, ``started`` and ``alive`` (Unix seconds),
+        ``ended`` (false while it runs, and for ever when it was killed); None when nobody held the lineage."""
+        try:
+            fd = os.open(self.root / RUN_LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return _read_lock(fd)
+        finally:
+            os.close(fd)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -257,6 +319,57 @@ class Lineage:
         return p
 
 
+class RunLease:
+    """The lineage held by this process (:meth:`Lineage.hold`). A daemon thread rewrites the lock file every
+    :data:`HEARTBEAT` seconds with the time (``alive``), and ``ended: true`` at the end, so the next holder knows
+    whether the process before ended or was killed, and until when it ran."""
+
+    def __init__(self, fd: int, previous: dict[str, Any] | None) -> None:
+        self.fd = fd
+        self.previous = previous
+        self.token = uuid.uuid4().hex[:12]
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        os.ftruncate(self.fd, LOCK_BYTES)
+        self.beat()
+        self._thread = threading.Thread(target=self._beat_on, name="evolve-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self, *, ended: bool = False) -> None:
+        data = json.dumps({"pid": os.getpid(), "token": self.token, "started": round(self.started, 3),
+                           "alive": round(time.time(), 3), "ended": ended}).encode()
+        os.pwrite(self.fd, data.ljust(LOCK_BYTES), 0)
+
+    def _beat_on(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            try:
+                self.beat()
+            except OSError:  # the lineage was removed (a failed init): nothing left to keep alive
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            try:
+                self.beat(ended=True)
+            except OSError:
+                pass
+        os.close(self.fd)  # drops the flock
+
+
+def _read_lock(fd: int) -> dict[str, Any] | None:
+    try:
+        text = os.pread(fd, LOCK_BYTES, 0).decode("utf-8", "replace").strip()
+        data = json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -277,3 +390,20 @@ def list_lineages(workspace: Path) -> Iterator[Lineage]:
     for p in sorted(ws.iterdir()):
         if (p / "lineage.json").is_file():
             yield Lineage(p)
+
+
+def lineage_histories(workspace: Path) -> list[Any]:
+    """The lineages of a workspace as the core's history site draws them (``kbench.api.LineageHistory``):
+    each committed version's scores and the result file that measured it; [] when it holds none."""
+    from kbench.api import LineageHistory, LineageVersion
+
+    out = []
+    for lineage in list_lineages(workspace):
+        versions = []
+        for v in lineage.versions():
+            files = v.meta.get("result_files") or []
+            versions.append(LineageVersion(v.number, str(v.meta.get("committed") or ""),
+                                           str(v.meta.get("operator") or ""), str(v.meta.get("rationale") or ""),
+                                           v.geomean, v.scores, result_file=files[0] if files else None))
+        out.append(LineageHistory(lineage.name, lineage.root, versions, len(lineage.attempts())))
+    return out

@@ -41,10 +41,9 @@ def bad_seed(tmp_path) -> Path:
 
 
 @pytest.fixture
-def pm():
-    from kbench.plugins import PluginManager
-
-    return PluginManager()
+def pm(kbench_pm):
+    """A plugin manager of this test's own (kbench.testing's): a test may register plugins on it."""
+    return kbench_pm
 
 
 @pytest.fixture

@@ -128,11 +128,11 @@ def test_kill_mid_submit_then_resume_loses_nothing(lineage, workspace, tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "kbench.cli", "evolve", "run", "t", "--operator", "agent",
                              "--script", str(script), "--iterations", "1", "--rounds", "1", "--device", "cpu"],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    runs = lineage.root / "runs"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if any("-screen" in p.name for p in runs.glob("*.json")):  # inside the submit's paired screening run
-            break
+        state = lineage.load_state() or {}
+        if any(t["stage"] == "screening" for t in (state.get("in_flight") or {}).values()):  # inside the submit's
+            break                                                                                # screening run
         time.sleep(0.05)
     assert proc.poll() is None, proc.stdout.read().decode()
     proc.send_signal(signal.SIGKILL)
@@ -150,6 +150,8 @@ def test_kill_mid_submit_then_resume_loses_nothing(lineage, workspace, tmp_path)
     submits = [m for m in traj if m.get("role") == "tool" and m["name"] == "submit"]
     assert submits and submits[-1]["content"].startswith("COMMITTED as v2")
     assert lineage.load_state()["status"] == "finished"
+    outcomes = [a["outcome"] for a in lineage.attempts() if a.get("operator") == "agent"]
+    assert outcomes == ["interrupted", "committed"]  # the killed submit is logged, then measured again
 
 
 def test_llm_operator_retries_a_malformed_patch_then_commits(pm, lineage, tmp_path):

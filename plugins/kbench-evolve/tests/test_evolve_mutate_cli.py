@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from kbench.cli import cli
-from kbench.errors import PluginError
+from kbench.api import PluginError
 from kbench_evolve import source as src
 
 
@@ -42,11 +42,9 @@ def test_mutate_commits_a_faster_setting_of_a_badly_tuned_seed(lineage, workspac
 
 
 def test_evolved_backends_are_registered_untrusted_and_run(lineage, workspace, tiny_suite):
-    from kbench.plugins import PluginManager
-    from kbench.run.runner import RunRequest, plan_run, run_suite
-    from kbench.suite import load_suite
+    from kbench.api import RunRequest, get_plugin_manager, load_suite, plan_run, run_suite
 
-    pm = PluginManager()
+    pm = get_plugin_manager(fresh=True)
     names = {b for b in pm.registry.backends if b.startswith("evolved:")}
     assert names == {"evolved:t", "evolved:t@v1"}
     backend = pm.registry.backends["evolved:t"]

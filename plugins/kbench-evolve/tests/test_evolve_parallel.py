@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from kbench.cli import cli
-from kbench.results import load_result
+from kbench.api import load_result
 
 
 def overlaps(a, b) -> bool:
@@ -50,7 +50,8 @@ def test_two_workers_screen_at_once_and_the_store_stays_consistent(lineage, work
 
 def test_screenings_on_a_ray_cluster_duels_here(lineage, workspace):
     """--executor ray: screening runs are scheduled on a real local Ray cluster (2 CPUs, a custom resource
-    standing in for 2 devices); every duel run is a local run on the lineage's device."""
+    standing in for 2 devices), one device each, so two run at once; every duel run is a local run on the
+    lineage's device."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, resources={"kdev": 2}, include_dashboard=False, log_to_driver=False,
              logging_level="warning")
@@ -61,11 +62,21 @@ def test_screenings_on_a_ray_cluster_duels_here(lineage, workspace):
     finally:
         ray.shutdown()
     assert res.exit_code == 0, res.output
-    where = {}
+    where, screenings = {}, []
     for path in (lineage.root / "runs").glob("*.json"):
+        data = load_result(path)
         label = "screen" if "-screen" in path.name else "duel" if "-duel" in path.name else "other"
-        where.setdefault(label, set()).add((load_result(path).get("executor") or {}).get("name", "local"))
+        where.setdefault(label, set()).add((data.get("executor") or {}).get("name", "local"))
+        if label == "screen":
+            screenings.append(data)
     assert where["screen"] == {"ray"}, where
     assert where.get("duel") and "ray" not in where["duel"], where  # a candidate got through: its duel ran here
+    # each screening held one device: both ran at once, and no job waited for a device the other run held
+    # (an actor waiting for one was taken for a hung node after the job timeout, 8 minutes, and its job retried)
+    assert len(screenings) == 2 and all(d["executor"]["slots"] == 1 for d in screenings)
+    assert not [r["attempts"] for d in screenings for r in d["records"] if r.get("attempts")]
+    screened = [a["screened"] for a in lineage.attempts() if "screened" in a]
+    assert len(screened) == 2 and overlaps(*screened), screened
     state = json.loads((lineage.root / "state.json").read_text())
-    assert state["options"]["executor"] == {"name": "ray", "address": None, "settings": {"resource": "kdev"}}
+    assert state["options"]["executor"] == {"name": "ray", "address": None,
+                                            "settings": {"resource": "kdev", "slots": "1"}}

@@ -1,13 +1,15 @@
 """Lineage store (atomic commits, torn logs, stale temp dirs), kernel-source editing, statistics."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from kbench.errors import BadInput
+from kbench.api import BadInput
 from kbench_evolve import source as src
 from kbench_evolve.fitness import speedup_interval
-from kbench_evolve.store import Lineage, read_jsonl
+from kbench_evolve.store import IN_FLIGHT, Lineage, read_jsonl
 
 from evolve_testlib import bad_seed_source
 
@@ -40,16 +42,28 @@ def test_commit_numbers_versions_and_champion_is_newest(tmp_path):
         Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
 
 
-def test_half_written_version_from_a_kill_is_ignored_and_cleaned(tmp_path):
+def test_what_a_killed_process_left_is_ignored_then_cleaned_by_the_next_holder(tmp_path):
     lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
     lin.commit("A = 1\n", {"geomean": 1.0, "suite": "s.yaml"})
     stale = lin.root / "versions" / ".tmp-abc"
     stale.mkdir()
     (stale / "kernel.py").write_text("half")
+    unfinished = lin.root / "runs" / IN_FLIGHT / "20260101-screen"
+    unfinished.mkdir(parents=True)
+    (unfinished / "20260101-screen.json").write_text("{")
     assert [v.label for v in lin.versions()] == ["v1"]
-    Lineage.open(tmp_path, "x")
-    assert not stale.exists()
-    assert lin.commit("A = 3\n", {"geomean": 3.0, "suite": "s.yaml"}).label == "v2"
+    Lineage.open(tmp_path, "x")  # reading a lineage removes nothing: another process may be writing these
+    assert stale.exists() and unfinished.exists()
+    with Lineage.open(tmp_path, "x").hold() as lease:
+        assert not stale.exists() and not (lin.root / "runs" / IN_FLIGHT).exists()
+        assert lease.previous is None and lin.holder()["pid"] == os.getpid() and not lin.holder()["ended"]
+        with pytest.raises(BadInput, match=f"being measured by another process \\(pid {os.getpid()}"):
+            with lin.hold():
+                pass
+        assert lin.commit("A = 3\n", {"geomean": 3.0, "suite": "s.yaml"}).label == "v2"
+    assert lin.holder()["ended"] and lin.holder()["token"] == lease.token
+    with lin.hold() as again:  # the next holder sees that the one before ended (not killed)
+        assert again.previous["token"] == lease.token and again.previous["ended"]
 
 
 def test_attempts_log_survives_a_torn_last_line(tmp_path):
@@ -163,3 +177,19 @@ def test_store_and_fitness_use_the_core_utilities(tmp_path):
     target = tmp_path / "deep" / "file.txt"
     store.atomic_write_text(target, "é\n")
     assert target.read_text(encoding="utf-8") == "é\n" and list(target.parent.iterdir()) == [target]
+
+
+def test_lineages_reach_the_history_site_through_the_core_hook(tmp_path):
+    from kbench.api import LineageHistory, get_plugin_manager
+
+    lin = Lineage.create(tmp_path, "x", seed=tmp_path / "s.py", suite_path=suite_file(tmp_path))
+    lin.commit("A = 1\n", {"geomean": 1.0, "operator": "seed", "scores": {"c": 1.0}, "result_files": ["/r/1.json"]})
+    lin.commit("A = 2\n", {"geomean": 2.0, "operator": "mutate", "rationale": "bigger", "scores": {"c": 2.0}})
+    lin.log_attempt({"outcome": "rejected", "reason": "slow"})
+    (tmp_path / "not-a-lineage").mkdir()
+    answers = get_plugin_manager().hook.kbench_read_lineages(workspace=tmp_path)
+    (history,) = [h for answer in answers for h in answer]
+    assert isinstance(history, LineageHistory) and history.name == "x" and history.attempts == 1
+    assert [(v.number, v.operator, v.geomean, v.scores, v.result_file) for v in history.versions] == [
+        (1, "seed", 1.0, {"c": 1.0}, "/r/1.json"), (2, "mutate", 2.0, {"c": 2.0}, None)]
+    assert get_plugin_manager().hook.kbench_read_lineages(workspace=tmp_path / "not-a-lineage") == [[]]

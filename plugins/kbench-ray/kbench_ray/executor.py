@@ -14,7 +14,6 @@ Ctrl-C kills every actor (their workers die with them).
 """
 from __future__ import annotations
 
-import os
 import platform
 import re
 import time
@@ -23,8 +22,9 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from kbench.api import BadInput, Status
+from kbench.api import BadInput, KbenchError, Status
 from kbench.api import executor_kit as kx
+from kbench_ray.plugin import init_address
 from kbench_ray.settings import check_settings
 
 #: what losing an actor or its node raises
@@ -67,13 +67,17 @@ class RayExecutor(kx.SlotExecutor):
         self.pm, self.planned = pm, planned
         self.started_ray = False
         if not ray.is_initialized():
+            address = init_address(options.address)
             try:
-                ray.init(address=options.address, include_dashboard=False, log_to_driver=False,
-                         logging_level="warning")
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning")
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-                raise _bad(f"cannot reach the Ray cluster at {options.address or os.environ.get('RAY_ADDRESS')}: "
-                           f"{exc}", "check the address (ray status on the head node), or leave out --address "
-                           "to start a local cluster", where="--address") from None
+                if address == "local":
+                    raise KbenchError(f"cannot start a local Ray cluster: {exc}",
+                                      fix="see Ray's logs in its temporary directory, or give --address of a "
+                                          "running cluster") from None
+                raise _bad(f"cannot reach the Ray cluster at {address}: {exc}",
+                           "check the address (ray status on the head node), or leave out --address "
+                           "to start a local cluster", where="--address" if options.address else "RAY_ADDRESS") from None
             self.started_ray = True
         try:
             self._configure(settings)

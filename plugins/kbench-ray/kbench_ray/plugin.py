@@ -14,8 +14,6 @@ from kbench.api import BadInput, hookimpl
 
 #: the Ray release this plugin is tested with (pinned in its dependencies and requirements.txt)
 RAY_VERSION = "2.60.0"
-#: where ``ray start --head`` on this host writes the address of its cluster
-CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")
 #: seconds a TCP probe of a cluster's address may take (``kbench list``)
 PROBE_TIMEOUT = 2.0
 
@@ -24,6 +22,23 @@ def ray_missing() -> str | None:
     if importlib.util.find_spec("ray") is None:
         return f"ray is not installed (pip install 'ray=={RAY_VERSION}', or pip install -e plugins/kbench-ray)"
     return None
+
+
+def current_cluster_file() -> Path:
+    """Where ``ray start --head`` on this host writes the address of its cluster (``ray_current_cluster`` in
+    Ray's temporary directory: ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray``, as Ray finds it)."""
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
+def init_address(given: str | None) -> str:
+    """What ``ray.init`` is given: ``--address``, else ``RAY_ADDRESS``, else ``"local"``.
+
+    Never ``None``: given nothing, ``ray.init`` joins the cluster a ``ray start --head`` on this host left in
+    :func:`current_cluster_file` (someone else's, maybe), where a run without ``--address`` must start its own.
+    ``--address auto`` (or that file's address) joins it on purpose.
+    """
+    return given or os.environ.get("RAY_ADDRESS") or "local"
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -40,18 +55,21 @@ def cluster_note(address: str | None) -> str:
     source = "--address"
     if address is None and os.environ.get("RAY_ADDRESS"):
         address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    if address in (None, "auto"):
+    if address in (None, "auto", "local"):
+        cluster_file = current_cluster_file()
         try:
-            found = CURRENT_CLUSTER_FILE.read_text().strip()
+            found = cluster_file.read_text().strip()
         except OSError:
             found = ""
+        if address != "auto":
+            here = (f"; the cluster of this host's `ray start --head` (at {found}, from {cluster_file}) is joined only "
+                    "with --address auto" if found else "")
+            return ("a run with --executor ray starts a local cluster for itself (RAY_ADDRESS unset); "
+                    "--address HOST:PORT joins a running one" + here)
         if not found:
-            if address == "auto":
-                return ("no cluster running on this host (no `ray start --head`: nothing in "
-                        f"{CURRENT_CLUSTER_FILE}): start one, or give --address HOST:PORT")
-            return ("no cluster running (RAY_ADDRESS unset, no `ray start --head` on this host): a run with "
-                    "--executor ray starts a local one for itself; --address HOST:PORT joins a running one")
-        address, source = found, f"{CURRENT_CLUSTER_FILE}"
+            return ("no cluster running on this host (no `ray start --head`: nothing in "
+                    f"{cluster_file}): start one, or give --address HOST:PORT")
+        address, source = found, f"{cluster_file}"
     why = unreachable(address)
     if why is None:
         return f"cluster at {address} (from {source}) answers"

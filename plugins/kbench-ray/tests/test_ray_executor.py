@@ -12,11 +12,9 @@ from click.testing import CliRunner
 
 ray = pytest.importorskip("ray")
 
+from kbench.api import RunRequest, get_plugin_manager, load_result, load_suite, plan_run, run_suite  # noqa: E402
 from kbench.cli import cli  # noqa: E402
-from kbench.plugins import get_plugin_manager  # noqa: E402
-from kbench.results import load_result  # noqa: E402
-from kbench.run.runner import RunInterrupted, RunRequest, plan_run, resume_request, run_suite  # noqa: E402
-from kbench.suite import load_suite  # noqa: E402
+from kbench.run.runner import RunInterrupted, resume_request  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = str(ROOT / "suites/smoke.yaml")
@@ -213,3 +211,80 @@ def test_the_probe_knows_a_ray_head_from_any_listening_port(cluster):
         why = unreachable(f"127.0.0.1:{port}")
         assert why is not None and why.startswith("answers, but not as a Ray cluster"), why
         server.close()
+
+
+def test_without_an_address_a_run_starts_its_own_cluster_not_the_one_of_ray_start(tmp_path, monkeypatch):
+    """ray.init(address=None) joins the cluster a `ray start --head` on this host wrote to its address file:
+    without --address or RAY_ADDRESS the executor asks for a local cluster ("local"), and says so."""
+    from kbench_ray.plugin import cluster_note, current_cluster_file, init_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray itself looks for the address file
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:9\n")
+    assert current_cluster_file() == tmp_path / "ray" / "ray_current_cluster"
+    assert init_address(None) == "local" and init_address("auto") == "auto" and init_address("h:1") == "h:1"
+    note = cluster_note(None)
+    assert note.startswith("a run with --executor ray starts a local cluster for itself")
+    assert "(at 127.0.0.1:9, from " in note and "joined only with --address auto" in note
+    assert cluster_note("auto").startswith("cluster at 127.0.0.1:9 (from ") and "not reachable" in cluster_note("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert init_address(None) == "10.0.0.1:6379" and init_address("h:1") == "h:1"
+
+
+@pytest.fixture
+def standing_cluster(tmp_path_factory):
+    """A cluster of `ray start --head --block` with a resource only it has (``standing``), in a Ray temporary
+    directory of its own (RAY_TMPDIR: other Ray users of this host neither see it nor are seen); stopped by
+    signalling its own session, never with `ray stop` (which stops every Ray process of the host)."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import tempfile
+    import time
+
+    tmp = tempfile.mkdtemp(prefix="kr", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {**os.environ, "RAY_TMPDIR": tmp}
+    env.pop("RAY_ADDRESS", None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head = subprocess.Popen(["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                             "--num-cpus", "1", "--resources", '{"standing": 1}', "--include-dashboard", "false",
+                             "--disable-usage-stats", "--block"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        address_file = Path(tmp) / "ray" / "ray_current_cluster"
+        deadline = time.monotonic() + 180
+        while not address_file.is_file() and head.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert address_file.is_file(), f"ray start --head did not come up (exit {head.poll()})"
+        yield env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of its session is still shutting down
+        except ProcessLookupError:
+            pass
+        head.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_run_without_an_address_ignores_a_standing_cluster_and_auto_joins_it(standing_cluster, tmp_path):
+    base = [sys.executable, "-m", "kbench.cli", "run", SMOKE, "-b", "numpy", "-k", "d=32 and noncausal and sq=64 and hkv=4",
+            "--device", "cpu", "--no-progress", "--executor", "ray", "--executor-opt", "resource=standing"]
+    own = subprocess.run([*base, "-o", str(tmp_path / "own.json")], env=standing_cluster, capture_output=True,
+                         text=True, timeout=300)
+    # its own local cluster has no `standing`: it did not join the one `ray start` left in the address file
+    assert own.returncode == 2 and "the Ray cluster has no 'standing' resource" in own.stderr, own.stderr
+    joined = subprocess.run([*base, "--address", "auto", "-o", str(tmp_path / "auto.json")], env=standing_cluster,
+                            capture_output=True, text=True, timeout=300)
+    assert joined.returncode == 0, joined.stderr
+    (rec,) = load_result(tmp_path / "auto.json")["records"]
+    assert rec["status"] == "passed" and rec["placement"]["executor"] == "ray"

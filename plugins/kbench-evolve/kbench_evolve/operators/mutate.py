@@ -56,12 +56,12 @@ class MutateOperator(Operator):
             candidate = src.with_tunables(source, settings)
             if ctx.attempted(src.sha(candidate)):
                 continue
+            if ctx.steps_left() <= 0:  # before the step: a resumed variation may have spent them all already
+                return f"no commit in {tried} candidates (step budget)"
             ctx.step()
             tried += 1
             changes = ", ".join(f"{k} {current[k]} -> {v}" for k, v in settings.items() if v != current[k])
             result = ctx.submit(candidate, rationale=f"mutate: {changes}", extra={"tunables": settings})
             if result.committed:
                 return f"committed {result.version.label} ({changes})"
-            if ctx.steps_left() <= 0:
-                return f"no commit in {tried} candidates (step budget)"
         return f"exhausted: every setting of the declared choices has been tried ({tried} new this time)"

@@ -43,8 +43,9 @@ MAX_POOL = 64
 TARGET_BATCH_SECONDS = 0.02
 #: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
 TIMED_ROWS = 32
-#: sampling may go on past ``max_time`` up to this many times it, to reach ``min_samples``
-HARD_TIME_FACTOR = 3.0
+#: sampling goes on past ``max_time`` to reach ``min_samples``, up to this many times ``max_time`` (and never
+#: closer to the case timeout than a few batches): only then is a record below min_samples, and says so
+HARD_TIME_FACTOR = 10.0
 
 
 class Abort(Exception):
@@ -71,9 +72,16 @@ class Judge:
         self.outputs = len(ctx.op.output_shapes(case))
         self.counter = {"warmup": 0, "timed": 0, "empty": 0}
         self.threads: tuple[int | None, int | None] = (None, None)
+        self.phases: dict[str, float] = {}
         self.ended = False
 
     # -- the channel ---------------------------------------------------------------------------
+
+    def _phase(self, name: str, since: float) -> float:
+        """Add the time since ``since`` to phase ``name`` (the record's ``timing.accounting.phases``)."""
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - since
+        return now
 
     def _remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -159,7 +167,9 @@ class Judge:
         rec["metrics"] = metrics
         integrity["checks"] += self.checks_ran(job, metrics)
         if ctx.timing.energy_seconds > 0:
+            since = time.perf_counter()
             rec["energy_loop"] = self.sustain(ctx.timing.energy_seconds, stats["median"])
+            self._phase("energy", since)
         ended, _, _ = self._request(("end",), "ended")
         self.ended = True
         telemetry = ended.get("telemetry")
@@ -169,6 +179,7 @@ class Judge:
         else:
             rec.pop("energy_loop", None)
         rec["timing"]["accounting"]["judged_seconds"] = time.perf_counter() - started
+        rec["timing"]["accounting"]["phases"] = {k: round(v, 6) for k, v in self.phases.items()}
         if metrics.get("impossible"):
             raise CheckFailed(f"impossible rate: {metrics.get('impossible_reason')} (work skipped, cached or done "
                               f"outside the timed region)")
@@ -200,8 +211,10 @@ class Judge:
         ctx = self.ctx
         keys = [self.source.key("check", i) for i in range(ctx.check.seeds)]
         calls = [[slot, key] for slot, key in enumerate(keys)]
+        since = time.perf_counter()
         durations, _, _ = self._batch("check", calls)
         outputs = self._collect(list(range(len(keys))))
+        since = self._phase("correctness calls", since)
         errors: list[float] = []
         rows_checked, per_output = None, {}
         for trial, (key, got) in enumerate(zip(keys, outputs)):
@@ -216,6 +229,7 @@ class Judge:
             for name, value in report.items():
                 if name not in per_output or value["rel_l2"] > per_output[name]["rel_l2"]:
                     per_output[name] = value
+        self._phase("correctness verification", since)
         record = {"rel_l2": max(errors), "bound": tolerance(ctx, self.case), "seeds": len(errors),
                   "rows_checked": rows_checked, "per_seed": errors, "call_seconds": durations}
         if len(per_output) > 1:  # each output's worst error over the seeds, with its own bound
@@ -236,22 +250,29 @@ class Judge:
         per_batch = self._calls_per_batch(max(min(check_seconds), 1e-7))
         clock = time.perf_counter
         begin = clock()
-        warm = 0
+        # the correctness calls came first and already warmed the kernel (compilation, autotuning, handles):
+        # they count towards the warm-up, which runs only what the settings ask for beyond them
+        warm, checked = len(check_seconds), sum(check_seconds)
         want = max(settings.warmup_calls, 1)
-        while warm < want or clock() - begin < settings.warmup_time:
+        while warm < want or checked + clock() - begin < settings.warmup_time:
             n = min(per_batch, max(1, want - warm)) if settings.warmup_time <= 0 else per_batch
             self._batch("warmup", self._slots("warmup", n))
             warm += n
         warm_time = clock() - begin
+        self._phase("warmup", begin)
         if self.accounting.enforce:
+            since = clock()
             self._empty(per_batch)
+            self._phase("empty loop", since)
         samples: list[float] = []
         reason, below = "max_samples", False
         begin = clock()
         first = True
         while len(samples) < settings.max_samples:
             n = min(per_batch, settings.max_samples - len(samples))
+            since = clock()
             got, wall, counts, calls = self._timed(n)
+            self._phase("timed batches", since)
             samples += got
             elapsed = clock() - begin
             stop = None
@@ -262,20 +283,24 @@ class Judge:
                     stop = "noise_target"
             if stop is None and elapsed >= settings.max_time and len(samples) >= settings.min_samples:
                 stop = "time_limit"
-            if stop is None and elapsed >= HARD_TIME_FACTOR * settings.max_time and len(samples) >= 2:
+            if stop is None and len(samples) >= 2 and (elapsed >= HARD_TIME_FACTOR * settings.max_time
+                                                       or self._near_deadline(wall)):
                 stop, below = "time_limit", len(samples) < settings.min_samples
             if stop is None and len(samples) >= settings.max_samples:
                 stop = "max_samples"
             # verified after the reply: one call of every batch of an untrusted kernel; a trusted library's
             # first and last batch (integrity.verify_timed_outputs: false leaves the NaN/Inf counts)
             if self.ctx.integrity.verify_timed_outputs and (not self.trusted or first or stop is not None):
+                since = clock()
                 self._verify_timed(calls)
+                self._phase("verification", since)
             first = False
             if stop is not None:
                 reason = stop
                 break
         sampling_time = clock() - begin
         if self.accounting.enforce:
+            since = clock()
             self._empty(per_batch)
             while not self.accounting.accounted() and self.accounting.audits < AUDIT_PAIRS:
                 # a burst of load can hit a timed batch: measure a few more pairs (verified, not reported)
@@ -284,8 +309,14 @@ class Judge:
                 if self.ctx.integrity.verify_timed_outputs:
                     self._verify_timed(calls)
                 self.accounting.audits += 1
+            self._phase("empty loop", since)
             self.accounting.verdict()
         return Timing(samples, reason, warm, warm_time, sampling_time, below)
+
+    def _near_deadline(self, batch_seconds: float) -> bool:
+        """Whether another batch (and the record's end) might not fit before the case timeout."""
+        left = self._remaining()
+        return left is not None and left < 3 * batch_seconds + 5.0
 
     def _slots(self, purpose: str, n: int) -> list:
         return [[slot, key] for slot, key in enumerate(self._keys(purpose, n))]

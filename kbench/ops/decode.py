@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.inputs import InputSpec, normal, structural
+from kbench.ops.inputs import InputSpec, structural, unit_variance
 from kbench.ops.attention import AttentionOp, attention_float64, softmax_scale
 
 MAX_QUERY_TOKENS = 16
@@ -98,21 +98,21 @@ class DecodeAttentionOp(Op):
         return case["pool_factor"] * case["batch"] * self.pages_per_seq(case)
 
     def input_specs(self, case: Case) -> dict[str, InputSpec]:
-        """q and the cache standard normal; a paged cache is a pool of ``pool_factor`` times the pages the
+        """q and the cache of mean 0 and variance 1; a paged cache is a pool of ``pool_factor`` times the pages the
         batch uses, its block table a random choice of pool pages (made on the host)."""
         p = case.params
         dt = case.dtype.numpy.name
         q_shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"])
         if not p["page_size"]:
             kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
-            return {"q": normal(q_shape, dt), "k": normal(kv_shape, dt), "v": normal(kv_shape, dt)}
+            return {"q": unit_variance(q_shape, dt), "k": unit_variance(kv_shape, dt), "v": unit_variance(kv_shape, dt)}
         used, total = p["batch"] * self.pages_per_seq(case), self.num_pages(case)
         pool = (total, p["page_size"], p["heads_kv"], p["head_dim"])
 
         def block_table(rng: np.random.Generator) -> np.ndarray:
             return rng.permutation(total)[:used].reshape(p["batch"], -1).astype(np.int32)
 
-        return {"q": normal(q_shape, dt), "k_pages": normal(pool, dt), "v_pages": normal(pool, dt),
+        return {"q": unit_variance(q_shape, dt), "k_pages": unit_variance(pool, dt), "v_pages": unit_variance(pool, dt),
                 "block_table": structural((p["batch"], used // p["batch"]), "int32", block_table)}
 
     def gather_pages(self, case: Case, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

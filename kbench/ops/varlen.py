@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.inputs import InputSpec, normal, structural
+from kbench.ops.inputs import InputSpec, structural, unit_variance
 from kbench.ops.attention import AttentionOp, attention_float64, plugin_reference, softmax_scale
 
 #: shape parameter of the lognormal distribution (of log-length); its mean is set from ``seqlen_mean``
@@ -201,14 +201,14 @@ class VarlenAttentionOp(Op):
     # -- data and maths ------------------------------------------------------------------------
 
     def input_specs(self, case: Case) -> dict[str, InputSpec]:
-        """Packed q, k, v standard normal; the offsets follow from the case's lengths (no randomness)."""
+        """Packed q, k, v of mean 0 and variance 1; the offsets follow from the case's lengths (no randomness)."""
         p = case.params
         q_lens, kv_lens = self.lengths(case)
         dt = case.dtype.numpy.name
         cu_q, cu_kv = cumulative(q_lens), cumulative(kv_lens)
-        return {"q": normal((sum(q_lens), p["heads_q"], p["head_dim"]), dt),
-                "k": normal((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
-                "v": normal((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
+        return {"q": unit_variance((sum(q_lens), p["heads_q"], p["head_dim"]), dt),
+                "k": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
+                "v": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
                 "cu_seqlens_q": structural(cu_q.shape, cu_q.dtype.name, lambda rng: cu_q),
                 "cu_seqlens_kv": structural(cu_kv.shape, cu_kv.dtype.name, lambda rng: cu_kv)}
 

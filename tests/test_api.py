@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the surface
 
 
-def test_issue_names_import_from_kbench_api():
+def test_the_names_every_plugin_needs_import_from_kbench_api():
     from kbench.api import Backend, Case, DType, Device, HardwareProfile, Op, Status, Tunable  # noqa: F401
     from kbench.backends import Backend as CoreBackend
 
@@ -114,14 +114,14 @@ def core_imports_outside_api_in_plugin_tests() -> list[str]:
 
 #: where an imported name lives in kbench.api when it is not spelled the same
 RENAMED = {"kbench.tables.render": "render_table"}
-#: imports with no kbench.api equivalent yet, and why (the lead decides their home); none since issue 14:
-#: KernelFileRef is public, and which GPU / whether it is usable is the core's cuda_device_index /
-#: cuda_unavailable_reason (kbench-cuda's runtime re-exports them)
+#: imports with no kbench.api equivalent yet (dotted name -> why); empty: every name a plugin imports from
+#: the core is public (which GPU and whether it is usable, for instance, is the core's cuda_device_index /
+#: cuda_unavailable_reason, which kbench-cuda's runtime re-exports)
 NO_API_YET: set[str] = set()
 
 
 def test_every_core_import_of_a_plugin_has_its_name_in_kbench_api():
-    """So that the lead can rewire each import to ``from kbench.api import NAME`` without other change."""
+    """So that each import can become ``from kbench.api import NAME`` without other change."""
     missing = []
     for entry in core_imports_outside_api():
         dotted = entry.split(": ", 1)[1]

@@ -1,4 +1,4 @@
-"""A ``SUBSTRATE = "torch"`` kernel file with a backward (issue 16): ``attention_forward`` /
+"""A ``SUBSTRATE = "torch"`` kernel file with a backward: ``attention_forward`` /
 ``attention_backward`` on torch tensors, judged by kbench (out, dQ, dK, dV each against the float64
 reference); gradients written in place or returned as a dict."""
 from __future__ import annotations

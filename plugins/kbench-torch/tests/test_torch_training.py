@@ -1,4 +1,5 @@
-"""Issue 16 in kbench-torch: backward (modes bwd / fwd_bwd) and sliding windows of the SDPA backends.
+"""kbench-torch's training modes and variants: backward (modes bwd / fwd_bwd) and sliding windows of the SDPA
+backends.
 
 torch-sdpa's gradients are checked against a float64 autograd computation written out densely here
 (scores, mask, softmax, P V: no SDPA), on tiny cases: causal, GQA, rows that see no key, windows,

@@ -146,7 +146,7 @@ def skip_reason(pm: PluginManager, backend: Backend, case: Case) -> str | None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "cli":  # imported on first use: the pytest plugin itself stays light
+    if name == "cli":  # imported on first use, not with the pytest plugin
         from kbench.cli import cli
 
         return cli

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The red-team corpus N times under a CPU hog: every run must catch every exploit and pass every honest kernel.
 
-Runs ``python -m pytest -q tests/redteam/test_redteam.py`` (the corpus for issue 11's classes 1-5, 7, 10 and the
-classic exploits, with and without static checks, plus the honest kernels) REPEATS times while a hog process
-keeps every CPU core busy, and prints one line per run and the outcome table: for every test, how many runs
-passed. A figure, not a test; the exit status is 1 if any run had a failure.
+Runs ``python -m pytest -q tests/redteam/test_redteam.py`` (the corpus for the attack classes 1-5, 7 and 10
+of docs/integrity.md and the classic exploits, with and without static checks, plus the honest kernels) REPEATS
+times while a hog process keeps every CPU core busy, and prints one line per run and the outcome table: for
+every test, how many runs passed. A figure, not a test; the exit status is 1 if any run had a failure.
 
     python benchmarks/redteam_under_load.py              # 10 runs, one hog process per core
     python benchmarks/redteam_under_load.py --repeats 3 --hogs 4

@@ -1,7 +1,7 @@
 """Load time of big suites: a 10,000-case suite (two shapes of it) and a 5 MB suite.
 
 Prints, per suite, the median of REPEATS timings of
-  parse   the YAML file to data + line map: the loader before issue 12 (yaml.compose + yaml.safe_load,
+  parse   the YAML file to data + line map: the former loader (yaml.compose + yaml.safe_load,
           pure Python, parsed twice; taken from git at BEFORE) and today's (libyaml, parsed once);
   load    today's load_suite: parse + JSON Schema validation;
   plan    today's Suite.plan for the CPU: case-count check + grid expansion into cases.
@@ -78,7 +78,8 @@ def median_seconds(fn, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--before", default="bf4d066", help="commit of the loader before issue 12")
+    ap.add_argument("--before", default="bf4d066",
+                    help="a commit with the former loader (yaml.compose + yaml.safe_load)")
     args = ap.parse_args()
     old = old_loader(args.before)
     op = PluginManager().registry.op("attention")

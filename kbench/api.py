@@ -76,6 +76,10 @@ SURFACE: dict[str, tuple[str, str]] = {
     "RegistrationWarning": ("kbench.registry", "RegistrationWarning"),
     # op helpers
     "softmax_scale": ("kbench.ops.attention", "softmax_scale"),
+    # the attention op's exact reference (what the judge compares with; tests of a backend or of a device's
+    # own reference check against it) and its visibility mask, bottom-right aligned
+    "attention_float64": ("kbench.ops.attention", "attention_float64"),
+    "causal_mask": ("kbench.ops.attention", "causal_mask"),
     # array interop between NumPy, CuPy, torch and DLPack (zero copy; torch/CuPy imported on use)
     "as_torch": ("kbench.devices.interop", "as_torch"),
     "as_numpy": ("kbench.devices.interop", "as_numpy"),
@@ -97,6 +101,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "plan_run": ("kbench.run.runner", "plan_run"),
     "run_suite": ("kbench.run.runner", "run_suite"),
     "pick_device": ("kbench.run.runner", "pick_device"),
+    "RunInterrupted": ("kbench.run.runner", "RunInterrupted"),  # Ctrl-C/SIGTERM: the file is valid, incomplete
+    "resume_request": ("kbench.run.runner", "resume_request"),  # an incomplete file's request and its records
     # measuring from Python (a test, a notebook, an evolver's evaluator): the runner of `kbench run` behind it
     "measure": ("kbench.measurement", "measure"),
     "Measurement": ("kbench.measurement", "Measurement"),
@@ -109,12 +115,18 @@ SURFACE: dict[str, tuple[str, str]] = {
     "atomic_write": ("kbench.outputs", "atomic_write"),  # atomic_write(path, lambda fh: fh.write(text))
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
+    "load_result": ("kbench.results", "load_result"),  # a result file read, migrated and validated
     "geomean": ("kbench.compare", "geomean"),
     "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
     "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads
-    # the counter-based input generator (kbench.ops.inputs): a device plugin draws inputs where they live
+    # the counter-based input generator (kbench.ops.inputs): an op declares its inputs as InputSpecs, a device
+    # plugin draws them where they live (Device.generate) and checks its draws against the host's
     "philox_source": ("kbench.ops.inputs", "philox_source"),
     "RegeneratedInputs": ("kbench.ops.inputs", "RegeneratedInputs"),
+    "InputSpec": ("kbench.ops.inputs", "InputSpec"),
+    "unit_variance_input": ("kbench.ops.inputs", "unit_variance"),  # unit_variance_input(shape, dtype): mean 0, variance 1
+    "generate_input": ("kbench.ops.inputs", "generate"),        # generate_input(spec, key, stream): drawn on the host
+    "philox_lanes": ("kbench.ops.inputs", "lanes"),             # the 16-bit lanes (table indices) of elements [start, stop)
 }
 
 __all__ = sorted(SURFACE)
@@ -151,7 +163,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.kernelfile import Substrate
     from kbench.measurement import CallableBackend, Measurement, measure
     from kbench.ops import Case, CaseError, Op
-    from kbench.ops.attention import softmax_scale
+    from kbench.ops.attention import attention_float64, causal_mask, softmax_scale
+    from kbench.ops.inputs import InputSpec, RegeneratedInputs, philox_source
+    from kbench.ops.inputs import generate as generate_input
+    from kbench.ops.inputs import lanes as philox_lanes
+    from kbench.ops.inputs import unit_variance as unit_variance_input
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.record import Record, records_of
     from kbench.results import load_result
@@ -160,7 +176,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.calibrate import MatmulSpec
     from kbench.outputs import atomic_write
     from kbench.results import atomic_write_json, load_result, now_iso
-    from kbench.run.runner import RunRequest, pick_device, plan_run, run_suite
+    from kbench.run.runner import RunInterrupted, RunRequest, pick_device, plan_run, resume_request, run_suite
     from kbench.selection import BackendPattern
     from kbench.kernelfile import KernelFileRef
     from kbench.suite import Suite, load_suite, suite_from_data

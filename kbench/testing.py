@@ -8,16 +8,31 @@ Installed with kbench (entry point ``pytest11``), so these fixtures are availabl
                        (correctness on 2 seeds, a few timing samples); assert on its ``status``
 ``fake_backend``       ``fake_backend(fn, name=..., device="cpu")`` -> a Backend whose kernel is ``fn``
                        (``fn(q, k, v, out, case)``) -- for testing harness behaviour
+``kbench_kernel_file`` ``kbench_kernel_file(path, **settings)`` -> the kernel file as a backend, as
+                       ``kbench run -b FILE`` makes it (:func:`kernel_file_backend`)
 ``kbench_measure``     ``kbench_measure(kernel, baseline="numpy-flash", cases=[...])`` -> a
                        :class:`kbench.api.Measurement`: :func:`kbench.api.measure` (the runner of
                        ``kbench run``: its judge, sandbox and timing) named after the test; assert
                        ``m.passed`` and a bound on ``m.speedup()``. ``pytest --kbench-save DIR`` keeps each
                        result file under ``DIR/<machine>/`` for ``kbench compare`` and ``kbench publish``
 
-and the helper ``imported_by(modules, candidates)`` to check that a plugin imports nothing heavy.
+and, for code outside a fixture (a worker script, a helper of a test module):
+
+``make_case(pm, op="attention", **params)`` and ``check_backend(pm, backend, case, timing=..., check=...)``
+                       what ``kbench_case`` and ``kbench_check`` call; ``TEST_TIMING`` / ``TEST_CHECK`` their
+                       settings, ``ONE_SAMPLE_TIMING`` one timed call and no warm-up (an emulator such as
+                       Triton's interpreter, where only correctness is under test)
+``kernel_file_backend(pm, path, **settings)``  what ``kbench_kernel_file`` calls
+``static_violations(source, **integrity)``  what the static checks of an untrusted kernel file find in a
+                       source (empty: it would run)
+``skip_reason(pm, backend, case)``  why kbench would skip ``(backend, case)`` without running it, or None
+``cli``                the ``kbench`` click group, for ``click.testing.CliRunner().invoke(cli, [...])``: a
+                       command's test in this process, no new interpreter
+``imported_by(modules, candidates)``  to check that a plugin imports nothing heavy
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -34,6 +49,10 @@ from kbench.timing import TimingSettings
 TEST_TIMING = TimingSettings(warmup_calls=1, warmup_time=0.0, min_samples=3, max_samples=5, min_time=0.0,
                              max_time=0.5, target_rel_se=1.0, rotate=2)
 TEST_CHECK = CheckSettings(seeds=2, max_rows=64)
+#: one timed call, no warm-up: for an emulator (Triton's interpreter) where a call takes seconds and only
+#: correctness is under test
+ONE_SAMPLE_TIMING = TimingSettings(warmup_calls=0, warmup_time=0.0, min_samples=1, max_samples=1, min_time=0.0,
+                                   max_time=0.0, target_rel_se=1.0, rotate=1)
 
 
 class FunctionBackend(Backend):
@@ -93,6 +112,47 @@ def check_backend(pm: PluginManager, backend: Backend, case: Case, *, device: st
     return execute_in_process(ctx, backend, case)
 
 
+def kernel_file_backend(pm: PluginManager, path: str | Path, **settings: Any) -> Backend:
+    """The kernel file at ``path`` as a backend with its tunables set to ``settings``: what ``kbench run -b
+    FILE`` makes of it, with its substrate (``SUBSTRATE``) from ``pm``'s plugins.
+
+    The file is imported in this process (a trusted use, for tests); ``kbench run`` runs an untrusted one
+    only in a sandboxed worker. A bad file raises :class:`kbench.api.BadInput` naming it and the fix.
+    """
+    from kbench.kernelfile import KernelFileBackend
+
+    return KernelFileBackend(path, pm.registry, settings=settings)
+
+
+def static_violations(source: str, **integrity: Any) -> list[Any]:
+    """What the static checks of an untrusted kernel file find in ``source``: a list of violations, each with
+    ``line``, ``rule`` (``forbidden_calls``, ``forbid_exec``, ``forbid_module_state``, ...) and ``message``;
+    empty when the file would run. ``integrity`` overrides keys of a suite's ``integrity:`` section
+    (``allowed_calls=("torch.*",)``); the defaults are kbench's.
+    """
+    from kbench.judge.policy import static_check
+
+    return static_check(source, IntegritySettings(**integrity))
+
+
+def skip_reason(pm: PluginManager, backend: Backend, case: Case) -> str | None:
+    """Why kbench would skip ``(backend, case)`` without running it, or None: the backend is unavailable
+    (``available()``), lacks a feature the case needs (``mode: bwd``, ``window``, ...: ``features``) or
+    refuses the case (``supports()``), in the order the harness asks."""
+    from kbench.backends import missing_feature
+
+    return (backend.available() or missing_feature(backend, pm.registry.op(case.op).required_features(case))
+            or backend.supports(case))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cli":  # imported on first use, not with the pytest plugin
+        from kbench.cli import cli
+
+        return cli
+    raise AttributeError(f"module 'kbench.testing' has no attribute {name!r}")
+
+
 @pytest.fixture
 def kbench_pm() -> PluginManager:
     return PluginManager()
@@ -111,6 +171,12 @@ def kbench_check(kbench_pm):
 @pytest.fixture
 def fake_backend():
     return FunctionBackend
+
+
+@pytest.fixture
+def kbench_kernel_file(kbench_pm):
+    """``kbench_kernel_file(path, **settings)`` -> the kernel file as a backend (:func:`kernel_file_backend`)."""
+    return lambda path, **settings: kernel_file_backend(kbench_pm, path, **settings)
 
 
 def pytest_addoption(parser: Any) -> None:

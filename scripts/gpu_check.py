@@ -77,8 +77,8 @@ ANCHORS = {
     (256, True): {"FA3": 642, "cuDNN": 509},
 }
 ANCHOR_SOURCE = "Shah et al., FlashAttention-3, 2024: H100 SXM5, bf16, 16k tokens, hidden 2048, forward"
-#: The targets the check measures (issue: our kernels against cuDNN measured in the same run): mode -> (the
-#: head_dim the target is set at, the fraction of cuDNN's TFLOP/s)
+#: The targets the check measures, our kernels against cuDNN measured in the same run: mode -> (the head_dim
+#: the target is set at, the fraction of cuDNN's TFLOP/s)
 TARGETS = {"fwd": (128, 0.90), "fwd_bwd": (128, 0.60)}
 #: our kernels: backends whose name starts with one of these count for the targets
 OURS = ("triton",)

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from kbench.hardware import roofline_point
+from kbench.roofline.point import roofline_point
 from kbench.plugins import PluginManager
 from kbench.results import FORMAT, RESULT_VERSION, validate
 from kbench.stats import summarize

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the surface
 
 
-def test_issue_names_import_from_kbench_api():
+def test_the_names_every_plugin_needs_import_from_kbench_api():
     from kbench.api import Backend, Case, DType, Device, HardwareProfile, Op, Status, Tunable  # noqa: F401
     from kbench.backends import Backend as CoreBackend
 
@@ -64,38 +64,64 @@ def _plugin_packages() -> list[Path]:
     return sorted(ROOT.glob("plugins/kbench-*/kbench_*")) + [ROOT / "examples/kbench-example-backend/kbench_example"]
 
 
+def _imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every absolute import in a file (``name`` is ``*`` for ``import module``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, "*") for a in node.names]
+    return found
+
+
+def _outside(files: list[Path], public: tuple[str, ...], own: set[str]) -> set[str]:
+    """``file: module.name`` for each import of a core module not in ``public``, or of a plugin package not in
+    ``own``."""
+    found = set()
+    for path in files:
+        for module, name in _imports(path):
+            top = module.split(".")[0]
+            if (top == "kbench" and module not in public) or (top.startswith("kbench_") and top not in own):
+                found.add(f"{path.relative_to(ROOT).as_posix()}: {module}.{name}")
+    return found
+
+
 def core_imports_outside_api() -> list[str]:
     """``file: module.name`` for every import of a core module other than ``kbench``/``kbench.api``,
     and of another plugin's package, by the shipped plugins and the example."""
     found = set()
     for package in _plugin_packages():
-        for path in sorted(package.rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    modules = [(node.module, a.name) for a in node.names]
-                elif isinstance(node, ast.Import):
-                    modules = [(a.name, "*") for a in node.names]
-                else:
-                    continue
-                for module, name in modules:
-                    top = module.split(".")[0]
-                    if (top == "kbench" and module not in ("kbench", "kbench.api")) or \
-                            (top.startswith("kbench_") and top != package.name):
-                        found.add(f"{rel}: {module}.{name}")
+        found |= _outside(sorted(package.rglob("*.py")), ("kbench", "kbench.api"), {package.name})
+    return sorted(found)
+
+
+#: plugins whose tests are not held to the rule below yet
+TESTS_NOT_CHECKED = {"kbench-evolve"}
+
+
+def core_imports_outside_api_in_plugin_tests() -> list[str]:
+    """The same for the plugins' tests: they import the core through ``kbench.api`` and ``kbench.testing`` (the
+    pytest plugin) only, as a third party's tests must, and no plugin but their own."""
+    found = set()
+    for tests in sorted(ROOT.glob("plugins/kbench-*/tests")):
+        if tests.parent.name in TESTS_NOT_CHECKED:
+            continue
+        own = {p.name for p in tests.parent.glob("kbench_*")}
+        found |= _outside(sorted(tests.rglob("*.py")), ("kbench", "kbench.api", "kbench.testing"), own)
     return sorted(found)
 
 
 #: where an imported name lives in kbench.api when it is not spelled the same
 RENAMED = {"kbench.tables.render": "render_table"}
-#: imports with no kbench.api equivalent yet, and why (the lead decides their home); none since issue 14:
-#: KernelFileRef is public, and which GPU / whether it is usable is the core's cuda_device_index /
-#: cuda_unavailable_reason (kbench-cuda's runtime re-exports them)
+#: imports with no kbench.api equivalent yet (dotted name -> why); empty: every name a plugin imports from
+#: the core is public (which GPU and whether it is usable, for instance, is the core's cuda_device_index /
+#: cuda_unavailable_reason, which kbench-cuda's runtime re-exports)
 NO_API_YET: set[str] = set()
 
 
 def test_every_core_import_of_a_plugin_has_its_name_in_kbench_api():
-    """So that the lead can rewire each import to ``from kbench.api import NAME`` without other change."""
+    """So that each import can become ``from kbench.api import NAME`` without other change."""
     missing = []
     for entry in core_imports_outside_api():
         dotted = entry.split(": ", 1)[1]
@@ -114,6 +140,25 @@ def test_every_core_import_of_a_plugin_has_its_name_in_kbench_api():
 
 def test_plugins_import_the_core_only_through_kbench_api():
     assert core_imports_outside_api() == []
+
+
+def test_plugin_tests_import_the_core_only_through_kbench_api_and_kbench_testing():
+    assert core_imports_outside_api_in_plugin_tests() == []
+
+
+def test_the_scan_sees_a_core_import_in_a_plugin_test(tmp_path, monkeypatch):
+    plugin = tmp_path / "plugins" / "kbench-x"
+    (plugin / "kbench_x").mkdir(parents=True)
+    (plugin / "tests").mkdir()
+    (plugin / "tests" / "test_x.py").write_text(
+        "import kbench\nfrom kbench.api import Backend\nfrom kbench.testing import make_case\nfrom kbench_x import y\n"
+        "import helper_module\nfrom kbench.ops.attention import causal_mask\nimport kbench.plugins\n"
+        "def test_a():\n    from kbench_torch.sdpa import TorchSDPA\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    where = "plugins/kbench-x/tests/test_x.py"
+    assert core_imports_outside_api_in_plugin_tests() == [f"{where}: kbench.ops.attention.causal_mask",
+                                                         f"{where}: kbench.plugins.*",
+                                                         f"{where}: kbench_torch.sdpa.TorchSDPA"]
 
 
 def test_the_scan_sees_a_core_import_in_a_plugin(tmp_path, monkeypatch):

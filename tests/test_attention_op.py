@@ -1,14 +1,18 @@
-"""The attention op: reference against an independent formula, masks, costs, inputs."""
+"""The attention op: reference against an independent formula, masks, costs, inputs, and the large
+references it offers to a plugin (``kbench_float64_reference``)."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kbench.enums import DType
 from kbench.ops import CaseError
-from kbench.ops.attention import AttentionOp
+from kbench.ops.attention import OFFLOAD_REFERENCE_FLOPS, AttentionOp, reference_flops
+from kbench.testing import make_case
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +109,24 @@ def test_inputs_are_seeded_and_in_the_case_dtype(op):
 def test_invalid_cases_say_why(op, params, message):
     with pytest.raises(CaseError, match=message):
         op.make_case(params)
+
+
+def test_large_cases_go_to_the_hook_small_ones_stay_on_the_host(kbench_pm, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("KBENCH_PLUGINS", "reference_probe_plugin")
+    probe = __import__("reference_probe_plugin")
+    probe.CALLS.clear()
+    op = kbench_pm.registry.ops["attention"]
+    small = make_case(kbench_pm, batch=1, seqlen=64, heads=2, head_dim=32, dtype="fp32")
+    inputs = op.make_inputs(small, 0)
+    host = op.reference(small, inputs, None)
+    assert probe.CALLS == []  # 1e6 flops: the host's
+    assert reference_flops(small, None) < OFFLOAD_REFERENCE_FLOPS
+    # large enough for the hook: 4 * 1 * 8 * 1024 rows * 2048 keys * 64 = 4.3e9 float64 flops
+    large = make_case(kbench_pm, batch=1, seqlen=2048, heads=8, head_dim=64, dtype="fp16")
+    rows = np.arange(0, 2048, 2)
+    assert reference_flops(large, rows) >= OFFLOAD_REFERENCE_FLOPS
+    offloaded = op.reference(large, {}, rows)  # the probe needs no inputs; the host path would fail on {}
+    assert probe.CALLS == [large.id] and offloaded.shape == (1, 1024, 8, 64) and np.all(offloaded == probe.MARK)
+    assert host.shape == (1, 64, 2, 32) and np.all(np.isfinite(host))
+    sys.modules.pop("reference_probe_plugin", None)

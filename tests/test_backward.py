@@ -249,7 +249,7 @@ def test_features_list_passes_the_static_checks_a_cache_does_not():
 
 
 def test_training_suite_runs_the_kernel_files_sandboxed_and_names_the_wrong_gradient(tmp_path):
-    """The issue's "must show": a kernel file with a correct forward but a wrong dK fails naming dk."""
+    """A kernel file with a correct forward but a wrong dK fails naming dk, run as `kbench run` runs it."""
     import json
     from pathlib import Path
 

@@ -138,7 +138,8 @@ def test_cli_reports_rate_and_bandwidth(tmp_path, monkeypatch):
 def test_any_plugins_detection_gets_the_measured_roof_too(doc, tmp_path, monkeypatch):
     """A datasheet profile from another plugin's detection carries the calibration: both fractions."""
     import kbench
-    from kbench.hardware import HardwareProfile, roofline_point
+    from kbench.hardware import HardwareProfile
+    from kbench.roofline.point import roofline_point
 
     class SheetPlugin:
         @kbench.hookimpl

@@ -1,4 +1,4 @@
-"""Executors (issue 17): the runner's job API, the local executor on several devices, faults, the CLI."""
+"""Executors: the runner's job API, the local executor on several devices, faults, the CLI."""
 from __future__ import annotations
 
 import json

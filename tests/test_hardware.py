@@ -1,4 +1,4 @@
-"""Hardware profiles: datasheet data, GPU matching by name, roofline fractions of datasheet and measured roofs."""
+"""Hardware profiles: datasheet data, GPU matching by name, profile files, calibrated roofs carried along."""
 from __future__ import annotations
 
 import textwrap
@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from kbench.errors import BadInput
-from kbench.hardware import HardwareProfile, builtin_profiles, load_profiles, match_profile, roofline_point
+from kbench.hardware import HardwareProfile, builtin_profiles, load_profiles, match_profile
 from kbench.plugins import PluginManager
 
 REQUIRED = {"a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "l40s", "mi300x", "rubin-cpx"}
@@ -72,48 +72,6 @@ def test_match_profile_by_device_name(registry, nvml_name, expected):
 def _profile(**kw) -> HardwareProfile:
     base = dict(name="x", title="X", kind="gpu", peak_flops={"bf16": 100e12}, bandwidth=1e12, capacity=80e9)
     return HardwareProfile(**{**base, **kw})
-
-
-def test_roofline_point_bandwidth_bound_by_hand():
-    # intensity 1e12 / 1e11 = 10 FLOP/B < ridge 100: bandwidth roof = 1 TB/s * 10 = 10 TFLOP/s.
-    # 0.2 s -> 5 TFLOP/s attained = 50% of the roof; 1e11 B / 0.2 s = 0.5 TB/s = 50% of bandwidth; 5% of compute.
-    m = roofline_point(_profile(), "bf16", 1e12, 1e11, 0.2)
-    assert m["intensity"] == 10 and m["bound"] == "bandwidth" and m["roof_basis"] == "datasheet"
-    assert m["roof_tflops"] == pytest.approx(10)
-    assert m["roof_fraction"] == pytest.approx(0.5)
-    assert m["bandwidth_fraction"] == pytest.approx(0.5)
-    assert m["compute_fraction"] == pytest.approx(0.05)
-    assert m["tflops"] == pytest.approx(5) and m["gbps"] == pytest.approx(500)
-    assert m["impossible"] is False
-
-
-def test_roofline_point_compute_bound_and_impossible():
-    # intensity 1000 > ridge 100: compute roof 100 TFLOP/s. 1e12 FLOP in 0.005 s = 200 TFLOP/s: impossible.
-    m = roofline_point(_profile(), "bf16", 1e12, 1e9, 0.005)
-    assert m["bound"] == "compute" and m["roof_fraction"] == pytest.approx(2.0) and m["impossible"] is True
-
-
-def test_roofline_point_reports_datasheet_and_measured():
-    # measured roofs: 50 TFLOP/s and 0.5 TB/s. Intensity 10: measured bandwidth roof 5 TFLOP/s.
-    p = _profile().with_measured({"bf16": 50e12}, 0.5e12, "test")
-    m = roofline_point(p, "bf16", 1e12, 1e11, 0.4)   # 2.5 TFLOP/s attained
-    assert m["roof_basis"] == "datasheet" and m["roof_fraction"] == pytest.approx(0.25)
-    assert m["datasheet_roof_fraction"] == pytest.approx(0.25)
-    assert m["measured_roof_fraction"] == pytest.approx(0.5) and m["measured_bound"] == "bandwidth"
-    assert m["measured"]["bandwidth_fraction"] == pytest.approx(0.5)
-
-
-def test_measured_only_profile_is_the_roof_and_never_flags():
-    p = _profile(peak_flops={}, bandwidth=None).with_measured({"fp32": 0.1e12}, 10e9, "test")
-    m = roofline_point(p, "fp32", 1e9, 1e6, 0.005)   # 0.2 TFLOP/s: twice the measured GEMM
-    assert m["roof_basis"] == "measured" and m["bound"] == "compute"
-    assert m["roof_fraction"] == pytest.approx(2.0) and m["impossible"] is False
-    assert "datasheet" not in m
-
-
-def test_no_figures_no_roof():
-    m = roofline_point(_profile(peak_flops={}, bandwidth=None), "fp32", 1e9, 1e6, 0.01)
-    assert "roof_fraction" not in m and m["tflops"] == pytest.approx(1e9 / 0.01 / 1e12)
 
 
 def test_json_round_trip_keeps_measured_roofs():

@@ -159,7 +159,8 @@ def test_honest_records_list_their_checks(kbench_case, kbench_check, fake_backen
 
 def test_cpu_roof_flags_rates_beyond_the_calibrated_gemm_rate():
     """No datasheet (a CPU): the calibrated GEMM rate with a margin decides what is impossible."""
-    from kbench.hardware import CALIBRATED_ROOF_MARGIN, HardwareProfile, roofline_point
+    from kbench.hardware import HardwareProfile
+    from kbench.roofline.point import CALIBRATED_ROOF_MARGIN, roofline_point
 
     cpu = HardwareProfile(name="cpu-x", title="CPU", kind="cpu", peak_flops={}, bandwidth=None,
                           capacity=None).with_measured({"fp32": 0.1e12}, 10e9, "test")

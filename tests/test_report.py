@@ -157,6 +157,26 @@ def test_nothing_passed_gives_valid_page_with_reasons(runner, tmp_path):
     assert page.counts.get("svg", 0) == 0 and html.count("No plot:") == 4
 
 
+def test_energy_figure_plots_joules_and_tflops_per_watt():
+    """Records with the energy a device measured (``telemetry.energy``): joules per call on the left, TFLOP/s per
+    watt on the right; none measured, no figure."""
+    from kbench.report import figures
+
+    params = {"seqlen": 128, "heads": 2, "head_dim": 32}
+    rec = record("numpy", params, lognormal(1e-3, 0.02, 20, 0))
+    # a 2 s loop of 200 calls, 300 J: 150 W average, 1.5 J per call
+    rec["telemetry"] = {"energy": {"calls": 200, "seconds": 2.0, "source": "nvml energy counter", "energy_j": 300.0,
+                                   "average_w": 150.0, "joules_per_call": 1.5, "method": "sustained loop"}}
+    plain = record("numpy-flash", params, lognormal(1e-3, 0.02, 20, 1))
+    fig = figures.energy([{"series": "numpy", "rec": rec}, {"series": "numpy-flash", "rec": plain}],
+                         {"numpy": "#123456", "numpy-flash": "#654321"})
+    left, right = fig.axes
+    assert len(left.lines) == len(right.lines) == 1  # the record without energy draws nothing
+    assert list(left.lines[0].get_ydata()) == [pytest.approx(1.5)]
+    assert list(right.lines[0].get_ydata()) == [pytest.approx(rec["metrics"]["tflops"] / 150)]
+    assert figures.energy([{"series": "numpy-flash", "rec": plain}], {"numpy-flash": "#000000"}) is None
+
+
 def test_png_format_writes_one_image_per_plot(runner, tmp_path):
     src = write(tmp_path / "sweep.json", sweep(hardware=H100))
     res = report(runner, src, "--format", "png", "-o", tmp_path / "img", "--baseline", "numpy-flash")

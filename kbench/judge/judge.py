@@ -129,7 +129,7 @@ class Judge:
     # -- the record ----------------------------------------------------------------------------
 
     def run(self, rec: dict[str, Any]) -> dict[str, Any]:
-        from kbench.hardware import roofline_point
+        from kbench.roofline.point import roofline_point
         from kbench.stats import summarize
 
         ctx, case, op = self.ctx, self.case, self.ctx.op

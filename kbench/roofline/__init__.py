@@ -1,9 +1,12 @@
-"""The capacity analysis of LLM inference (``kbench roofline``, ``kbench plan``), without running a kernel.
+"""Roofline math: the capacity analysis of LLM inference (``kbench roofline``, ``kbench plan``), without
+running a kernel, and where a measured kernel sits against its hardware's roofs.
 
-Three homes: :mod:`kbench.roofline.models` (model configurations and their files),
-:mod:`kbench.roofline.analysis` (parameters, bytes, FLOPs, intensity, footprint, the binding wall) and
-:mod:`kbench.roofline.table` (the command's table). The plots are in :mod:`kbench.report.capacity`, the
-option parsing in :mod:`kbench.commands.roofline`. Formulas and a worked example: docs/roofline.md.
+Four homes: :mod:`kbench.roofline.models` (model configurations and their files),
+:mod:`kbench.roofline.analysis` (parameters, bytes, FLOPs, intensity, footprint, the binding wall),
+:mod:`kbench.roofline.table` (the command's table) and :mod:`kbench.roofline.point` (a record's attained
+rates and roof fractions, which the judge writes into ``metrics``). Hardware profiles, the figures all of
+them read, are :mod:`kbench.hardware`. The plots are in :mod:`kbench.report.capacity`, the option parsing
+in :mod:`kbench.commands.roofline`. Formulas and a worked example: docs/roofline.md.
 """
 from __future__ import annotations
 

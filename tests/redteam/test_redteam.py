@@ -45,7 +45,7 @@ DEFAULT = {
     "abort": ("crashed", r"SIGABRT"),
     "memory_blowup": ("error", r"out of memory"),
     "honest_numpy": ("passed", None),
-    # issue 11's classes (6, 8 and 9 are in test_sandbox_escape.py)
+    # the attack classes of docs/integrity.md (6, 8 and 9 are in test_sandbox_escape.py)
     "predicted_inputs": ("failed", r"static check.*module-level mutable _STATE"),
     "rows_only": ("failed", r"relative L2 error .* exceeds"),
     "settings_walk": ("failed", r"static check.*forbidden 'gc.get_objects'"),

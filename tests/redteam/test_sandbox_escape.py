@@ -1,4 +1,5 @@
-"""Kernel files that try to get out of the sandbox (issue 11, classes 6, 8 and 9), with real bwrap.
+"""Kernel files that try to get out of the sandbox (attack classes 6, 8 and 9 of docs/integrity.md), with real
+bwrap.
 
 Each corpus kernel is run twice: as kbench runs it (sandbox + audit hook: the attempt is refused and
 the record fails naming the event) and with the audit hook left out (the OS sandbox alone must stop

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kbench.enums import DType
+from kbench.api import DType
 from kbench.testing import imported_by
 from kbench_cuda import nvml, runtime
 from kbench_cuda.device import CudaDevice, memory_span
@@ -261,13 +261,13 @@ def test_gpu_detection_and_timer(kbench_pm):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_inputs_drawn_on_the_gpu_equal_the_judges(dtype):
     """The generation kernel draws exactly the values the judge regenerates on the host (kbench.ops.inputs)."""
-    from kbench.ops.inputs import generate, unit_variance
+    from kbench.api import generate_input, unit_variance_input
 
     dev = CudaDevice()
-    spec = unit_variance((3, 37, 4, 16), dtype)
+    spec = unit_variance_input((3, 37, 4, 16), dtype)
     on_gpu = dev.empty(spec.shape, spec.table.values().dtype)
     dev.generate(on_gpu, spec, (2**63 + 5, 77), 2)
-    host = generate(spec, (2**63 + 5, 77), 2)
+    host = generate_input(spec, (2**63 + 5, 77), 2)
     assert dev.to_host(on_gpu).view(np.uint8).tobytes() == host.view(np.uint8).tobytes()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kbench.cli import cli as kbench_main
+from kbench.testing import cli as kbench_main
 from kbench_cuda.nvml import sustained_summary
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,16 +58,3 @@ def test_report_has_an_energy_table(result_with_energy, tmp_path):
     section = section[:section.index("</section>")].replace("<wbr>", "")  # break opportunities in long ids
     assert rec["case_id"] in section and ">1.5<" in section and ">150<" in section and ">700<" in section
     assert ">60<" in section and "sustained loop" in section  # the idle power, and how the figures were taken
-
-
-def test_energy_figure_plots_joules_and_tflops_per_watt(result_with_energy):
-    from kbench.report import figures
-
-    path, rec = result_with_energy
-    rows = [{"series": r["backend"], "rec": r} for r in json.loads(path.read_text())["records"]]
-    fig = figures.energy(rows, {r["series"]: "#123456" for r in rows})
-    left, right = fig.axes
-    assert len(left.lines) == len(right.lines) == 1
-    assert list(left.lines[0].get_ydata()) == [pytest.approx(1.5)]
-    assert list(right.lines[0].get_ydata()) == [pytest.approx(rec["metrics"]["tflops"] / 150)]
-    assert figures.energy([{"series": "x", "rec": {**rec, "telemetry": {}}}], {"x": "#000000"}) is None

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from kbench.ops.inputs import lanes, philox_source
+from kbench.api import philox_lanes, philox_source
 from kbench_cuda.generate import FILL, device_source
 
 HARNESS = r"""
@@ -46,7 +46,7 @@ def host_build(tmp_path_factory):
 def test_the_kernels_philox_and_lanes_equal_numpys(host_build, n, stream, key):
     out = subprocess.run([str(host_build), str(n), str(stream), str(key[0]), str(key[1])], capture_output=True,
                          check=True, timeout=60).stdout
-    assert np.array_equal(np.frombuffer(out, dtype=np.uint16), lanes(key, stream, 0, n))
+    assert np.array_equal(np.frombuffer(out, dtype=np.uint16), philox_lanes(key, stream, 0, n))
 
 
 def test_the_device_source_defines_a_kernel_per_element_width():

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 ray = pytest.importorskip("ray")
 
-from kbench.api import RunRequest, get_plugin_manager, load_result, load_suite, plan_run, run_suite  # noqa: E402
-from kbench.cli import cli  # noqa: E402
-from kbench.run.runner import RunInterrupted, resume_request  # noqa: E402
+from kbench.api import (RunInterrupted, RunRequest, get_plugin_manager, load_result, load_suite,  # noqa: E402
+                        plan_run, resume_request, run_suite)
+from kbench.testing import cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = str(ROOT / "suites/smoke.yaml")
@@ -122,7 +122,7 @@ def test_resume_after_ctrl_c_with_ray(cluster, tmp_path):
 
 
 def test_list_says_why_a_cluster_is_unreachable_without_importing_ray(tmp_path):
-    code = ("import sys\nfrom kbench.cli import cli\ncli(['list', '--format', 'json'], standalone_mode=False)\n"
+    code = ("import sys\nfrom kbench.testing import cli\ncli(['list', '--format', 'json'], standalone_mode=False)\n"
             "print('RAY', 'ray' in sys.modules)")
     env = {**__import__("os").environ, "RAY_ADDRESS": "127.0.0.1:9"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)

@@ -58,7 +58,7 @@ def torch_info() -> dict:
     return info
 
 
-# -- issue 16: what a case asks beyond the forward (read with defaults, so cases of older kbench work) --
+# -- what a case asks beyond the forward: mode, window, softcap (read with defaults, so cases of older kbench work)
 
 def case_mode(case) -> str:
     """``fwd`` (default), ``bwd`` or ``fwd_bwd``."""

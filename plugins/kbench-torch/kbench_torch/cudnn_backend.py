@@ -11,7 +11,7 @@ any step, or an exception from ``check_support()``/``build_plans()`` (no engine 
 GPU and cuDNN). ``prepare`` raises it as :class:`kbench.unsupported.Unsupported` with cuDNN's message,
 so the record is a skip that says why; out-of-memory and other failures stay errors.
 
-Issue 16:
+Training and variants:
 
 - ``mode: bwd`` / ``fwd_bwd``: two graphs, cuDNN's own backward (no autograd). The forward graph
   generates the softmax stats (``generate_stats=True``, float32 (b, h, sq, 1)); ``forward()`` (untimed

@@ -12,7 +12,7 @@ there becomes :class:`kbench.unsupported.Unsupported` with the library's message
 checked call. A release too old for a keyword (``window_size`` before FA 2.3, ``softcap`` before 2.6)
 raises ``TypeError`` there, which is the same kind of refusal.
 
-Issue 16: both implement ``mode: bwd`` / ``fwd_bwd`` through autograd (``flash_attn_func`` is an
+Training and variants: both implement ``mode: bwd`` / ``fwd_bwd`` through autograd (``flash_attn_func`` is an
 autograd function; :mod:`kbench_torch.training`), ``window: [left, right]`` as ``window_size=(left,
 right)`` (the same bottom-right convention as kbench's) and ``softcap`` as ``softcap=``. FlashAttention 3
 also takes ``dtype: fp8_e4m3`` in the forward: inputs in float8_e4m3fn with per-tensor descales passed as

@@ -22,7 +22,7 @@ forced CUDA implementation accepts a case is asked of torch itself: a tiny probe
 dtype, head_dim, heads and mask kind (and a backward for training modes), whose refusal warnings
 become the ``supports()`` reason.
 
-Training (issue 16): every SDPA backend implements ``mode: bwd`` and ``fwd_bwd`` through autograd
+Training: every SDPA backend implements ``mode: bwd`` and ``fwd_bwd`` through autograd
 (:mod:`kbench_torch.training`). Sliding windows (``window: [left, right]``) are an explicit boolean
 mask, so only the implementations that take a mask declare ``window``: ``torch-sdpa`` (CPU),
 ``torch-sdpa-efficient`` and ``torch-sdpa-math``; the flash and cuDNN SDPA kernels take no mask.

@@ -8,7 +8,7 @@ library, so the core's static policy (``kbench.judge.policy.DEFAULT_FORBIDDEN_CA
 FlashAttention and cuDNN calls before any of the file runs: the kernel has to build attention from
 matrix products, reductions and elementwise operations.
 
-Backward (issue 16): a file declaring ``FEATURES = ["bwd", "fwd_bwd"]`` defines
+Backward (docs/backward.md): a file declaring ``FEATURES = ["bwd", "fwd_bwd"]`` defines
 ``attention_forward(q, k, v, *, causal, scale) -> saved`` and
 ``attention_backward(saved, do, out, dq, dk, dv, *, causal, scale)`` on torch tensors (or
 ``attention_fwd_bwd(q, k, v, do, out, dq, dk, dv, ...)``); each output is written in place or

@@ -1,4 +1,5 @@
-"""Backward passes through torch autograd for the torch-based backends (issue 16's calling convention).
+"""Backward passes through torch autograd for the torch-based backends, in the calling convention of
+:class:`kbench.api.TrainingKernel` (docs/backward.md).
 
 :class:`AutogradAttention` is a :class:`kbench.api.TrainingKernel` around a function ``attend(q, k, v)``
 on torch tensors in kbench's layout (batch, seqlen, heads, head_dim):

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from kbench.unsupported import Unsupported
+from kbench.api import Unsupported
 from kbench_torch.cudnn_backend import plan
 
 

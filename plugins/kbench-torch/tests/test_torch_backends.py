@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kbench.ops.attention import causal_mask
+from kbench.api import causal_mask
 from kbench.testing import imported_by
 from kbench_torch.common import torch_cuda_unavailable
 from kbench_torch.sdpa import TorchSDPA, bottom_right_mask, cuda_backends, mask_kind
@@ -15,7 +15,8 @@ from kbench_torch.sdpa import TorchSDPA, bottom_right_mask, cuda_backends, mask_
 CUDA_REASON = torch_cuda_unavailable()
 gpu_only = pytest.mark.skipif(CUDA_REASON is not None, reason=f"no CUDA for torch: {CUDA_REASON}")
 
-THIS_ISSUE = ("torch-sdpa", "torch-sdpa-flash", "torch-sdpa-efficient", "torch-sdpa-cudnn", "torch-sdpa-math",
+#: every backend the plugin registers
+TORCH_BACKENDS = ("torch-sdpa", "torch-sdpa-flash", "torch-sdpa-efficient", "torch-sdpa-cudnn", "torch-sdpa-math",
               "flash-attn", "flash-attn3", "cudnn")
 
 
@@ -25,7 +26,7 @@ def test_plugin_import_does_not_import_torch():
 
 def test_every_backend_is_registered_with_a_status(kbench_pm):
     reg = kbench_pm.registry
-    for name in THIS_ISSUE:
+    for name in TORCH_BACKENDS:
         backend = reg.backends[name]
         assert reg.owner("backend", name) == "torch"
         reason = backend.available()
@@ -170,7 +171,7 @@ def test_forced_implementation_matches_the_reference(impl, sq, sk):
     """sdpa_bhsd, the call every torch backend makes, under sdpa_kernel, with kbench's mask rules."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kbench.ops.attention import attention_float64
+    from kbench.api import attention_float64
     from kbench_torch.sdpa import probe, sdpa_bhsd
 
     kind = "square" if sq == sk else ("wide" if sq < sk else "tall")

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kbench.enums import DType
-from kbench.api import as_torch, torch_dtype
+from kbench.api import DType, as_torch, torch_dtype
 
 
 @pytest.mark.parametrize("dtype", list(DType))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kbench.judge.policy import IntegritySettings, static_check
-from kbench.kernelfile import KernelFileBackend
+from kbench.testing import kernel_file_backend, static_violations
 
 NAIVE = '''
 import torch
@@ -35,7 +34,7 @@ def attention(q, k, v, out, *, causal, scale, ret=False):
 def _backend(kbench_pm, tmp_path, text, **settings):
     path = tmp_path / "k.py"
     path.write_text(text)
-    return KernelFileBackend(path, kbench_pm.registry, settings=settings)
+    return kernel_file_backend(kbench_pm, path, **settings)
 
 
 def test_torch_substrate_is_registered_for_the_cpu(kbench_pm):
@@ -75,9 +74,9 @@ def test_a_returned_tensor_of_the_wrong_shape_is_an_error(kbench_pm, kbench_case
 def test_fused_attention_is_refused_by_the_static_policy(call):
     source = NAIVE.replace("    if ret:", f"    {call}\n    if ret:").replace(
         "import torch\n", "import torch\nimport torch.nn.functional as F\n", 1)
-    found = static_check(source, IntegritySettings())
+    found = static_violations(source)
     assert [v.rule for v in found] == ["forbidden_calls"], found
-    assert static_check(NAIVE, IntegritySettings()) == []
+    assert static_violations(NAIVE) == []
 
 
 def test_threads_are_the_harness_setting_equal_to_torch_sdpa(kbench_pm, kbench_case, tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
-"""A ``SUBSTRATE = "torch"`` kernel file with a backward (issue 16): ``attention_forward`` /
+"""A ``SUBSTRATE = "torch"`` kernel file with a backward: ``attention_forward`` /
 ``attention_backward`` on torch tensors, judged by kbench (out, dQ, dK, dV each against the float64
 reference); gradients written in place or returned as a dict."""
 from __future__ import annotations
 
 import pytest
 
-from kbench.kernelfile import KernelFileBackend
+from kbench.testing import kernel_file_backend, skip_reason
 
 #: the softmax backward written out (dS = P * (dP - rowsum(dP * P))), GQA summed over each kv head's group
 MANUAL = '''
@@ -61,7 +61,7 @@ CASES = [
 def _backend(kbench_pm, tmp_path, text):
     path = tmp_path / "train.py"
     path.write_text(text)
-    return KernelFileBackend(path, kbench_pm.registry)
+    return kernel_file_backend(kbench_pm, path)
 
 
 @pytest.mark.parametrize("params", CASES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
@@ -78,9 +78,6 @@ def test_a_wrong_dq_in_a_torch_kernel_file_fails_naming_dq(kbench_pm, kbench_cas
 
 
 def test_a_window_case_is_skipped_naming_the_feature(kbench_pm, kbench_case, tmp_path):
-    from kbench.backends import missing_feature
-
     backend = _backend(kbench_pm, tmp_path, MANUAL.replace("SCALE_DQ", "1.0"))
     case = kbench_case(seqlen=16, heads=2, head_dim=16, mode="bwd", window=[4, 0])
-    needed = kbench_pm.registry.op("attention").required_features(case)
-    assert missing_feature(backend, needed) == "does not implement window (implements: bwd, fwd_bwd)"
+    assert skip_reason(kbench_pm, backend, case) == "does not implement window (implements: bwd, fwd_bwd)"

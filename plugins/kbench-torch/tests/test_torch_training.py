@@ -1,4 +1,5 @@
-"""Issue 16 in kbench-torch: backward (modes bwd / fwd_bwd) and sliding windows of the SDPA backends.
+"""kbench-torch's training modes and variants: backward (modes bwd / fwd_bwd) and sliding windows of the SDPA
+backends.
 
 torch-sdpa's gradients are checked against a float64 autograd computation written out densely here
 (scores, mask, softmax, P V: no SDPA), on tiny cases: causal, GQA, rows that see no key, windows,
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kbench.api import Case, DType
-from kbench.ops.attention import attention_float64, causal_mask
+from kbench.api import Case, DType, attention_float64, causal_mask
+from kbench.testing import skip_reason
 from kbench_torch.common import empty_rows, visible_mask
 from kbench_torch.sdpa import TorchSDPA, cuda_backends, mask_kind
 
@@ -435,15 +436,11 @@ GPU_JUDGED = [
 @pytest.mark.parametrize("params", GPU_JUDGED, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 @pytest.mark.parametrize("name", CUDA_NAMES)
 def test_gpu_training_and_fp8_pass_the_judge_or_say_why(kbench_pm, kbench_case, kbench_check, name, params):
-    from kbench.backends import missing_feature
-
     backend = kbench_pm.registry.backends[name]
-    if backend.available():
-        pytest.skip(backend.available())
     case = kbench_case(**params)
-    missing = missing_feature(backend, kbench_pm.registry.op("attention").required_features(case))
-    if missing:
-        pytest.skip(missing)
+    why_not = skip_reason(kbench_pm, backend, case)
+    if why_not:
+        pytest.skip(why_not)
     rec = kbench_check(backend, case)
     assert rec["status"] in ("passed", "skipped"), rec.get("reason")
     if rec["status"] == "skipped":

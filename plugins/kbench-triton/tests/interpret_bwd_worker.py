@@ -196,11 +196,11 @@ def main(out_path: str) -> None:
         guarded(f"loop-bounds/{name}", lambda s=CASES[name]: loop_bound_check(s))
     from interpret_worker import run_check
 
-    from kbench.kernelfile import KernelFileBackend
-    from kbench.plugins import PluginManager
+    from kbench.api import get_plugin_manager
+    from kbench.testing import kernel_file_backend
     from kbench_triton.backends import TritonAttention
 
-    pm = PluginManager()
+    pm = get_plugin_manager()
     backend = TritonAttention(BLOCK_M=16, BLOCK_N=16)   # the forward's tiles; the backward's from bwd_config
     for name, params in KBENCH_CASES.items():
         for mode in ("bwd", "fwd_bwd"):
@@ -208,7 +208,7 @@ def main(out_path: str) -> None:
     case = {**KBENCH_CASES["gqa-causal-sq<sk-ragged-fp32"], "mode": "bwd"}
     for broken in (0, 1):
         guarded(f"kernel-file/break-dk={broken}", lambda b=broken: run_check(
-            pm, KernelFileBackend(KERNEL_FILE, pm.registry, settings={"BREAK_DK": b}), case))
+            pm, kernel_file_backend(pm, KERNEL_FILE, BREAK_DK=b), case))
     Path(out_path).write_text(json.dumps(results, indent=1))
 
 

@@ -19,14 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kbench.backends import Backend
-from kbench.kernelfile import KernelFileBackend
-from kbench.plugins import PluginManager
-from kbench.testing import TEST_CHECK, check_backend, make_case
-from kbench.timing import TimingSettings
-
-ONE_SAMPLE = TimingSettings(warmup_calls=0, warmup_time=0.0, min_samples=1, max_samples=1, min_time=0.0,
-                            max_time=0.0, target_rel_se=1.0, rotate=1)
+from kbench.api import Backend, attention_float64, get_plugin_manager
+from kbench.testing import ONE_SAMPLE_TIMING, TEST_CHECK, check_backend, kernel_file_backend, make_case
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16}
 
 #: name -> attention case parameters; tiles of 16 so that every case spans several blocks
@@ -67,9 +61,9 @@ class OnCpu(Backend):
         return self.inner.prepare(case)
 
 
-def run_check(pm: PluginManager, backend: Backend, params: dict) -> dict:
+def run_check(pm, backend: Backend, params: dict) -> dict:
     case = make_case(pm, **params)
-    rec = check_backend(pm, OnCpu(backend), case, device="cpu", timing=ONE_SAMPLE, check=TEST_CHECK)
+    rec = check_backend(pm, OnCpu(backend), case, device="cpu", timing=ONE_SAMPLE_TIMING, check=TEST_CHECK)
     correctness = rec.get("correctness") or {}
     return {"status": str(rec["status"]), "reason": rec.get("reason") or rec.get("message") or "",
             "rel_l2": correctness.get("rel_l2"), "bound": correctness.get("bound"), "case": case.id,
@@ -95,8 +89,6 @@ def loop_bound_check(seed_module) -> dict:
     """
     import torch
 
-    from kbench.ops.attention import attention_float64
-
     results = {}
     for sq, sk in ((64, 64), (48, 64), (64, 40)):
         rng = np.random.default_rng(sq * 1000 + sk)
@@ -118,7 +110,7 @@ def main(out_path: str) -> None:
         raise SystemExit("run me with TRITON_INTERPRET=1")
     from kbench_triton.backends import TritonAttention, TritonHopperAttention, hopper_module, kernel_module
 
-    pm = PluginManager()
+    pm = get_plugin_manager()
     seed = kernel_module()
     results: dict[str, dict] = {}
 
@@ -134,7 +126,7 @@ def main(out_path: str) -> None:
     # the backend as shipped: per-shape configuration from CONFIGS (128-row tiles, one block here)
     guarded("backend-table/gqa-causal", lambda: run_check(pm, TritonAttention(), CASES["gqa-causal-sq<sk-ragged-fp32"]))
     # the seed as a kernel file through the `triton` substrate, as `kbench run -b` and the evolve plugin use it
-    seed_file = KernelFileBackend(seed.__file__, pm.registry, settings=SMALL_TILES)
+    seed_file = kernel_file_backend(pm, seed.__file__, **SMALL_TILES)
     for name in ("mqa-causal-sq>sk-ragged-fp32", "mha-causal-d128-fp16"):
         guarded(f"kernel-file/{name}", lambda p=CASES[name]: run_check(pm, seed_file, p))
     guarded("loop-bounds", lambda: loop_bound_check(seed))
@@ -144,7 +136,7 @@ def main(out_path: str) -> None:
         hopper = TritonHopperAttention(**SMALL_TILES, WARP_SPECIALIZE=ws)
         for name, params in HOPPER_CASES.items():
             guarded(f"hopper-ws{ws}/{name}", lambda p=params, b=hopper: run_check(pm, b, p))
-    hopper_file = KernelFileBackend(hopper_module().__file__, pm.registry, settings={**SMALL_TILES, "BLOCK_N": 32})
+    hopper_file = kernel_file_backend(pm, hopper_module().__file__, **{**SMALL_TILES, "BLOCK_N": 32})
     guarded("hopper-kernel-file/gqa-full-sq>sk-ragged-fp16",
             lambda: run_check(pm, hopper_file, CASES["gqa-full-sq>sk-ragged-fp16"]))
     Path(out_path).write_text(json.dumps(results, indent=1))

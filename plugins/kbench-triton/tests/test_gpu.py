@@ -46,11 +46,10 @@ def test_autotuned_backend_passes(kbench_pm, kbench_case, kbench_check):
     assert rec["status"] == "passed", rec.get("reason")
 
 
-def test_seed_kernel_file_through_the_triton_substrate(kbench_pm, kbench_case, kbench_check):
-    from kbench.kernelfile import KernelFileBackend
+def test_seed_kernel_file_through_the_triton_substrate(kbench_kernel_file, kbench_case, kbench_check):
     from kbench_triton.backends import SEED_PATH
 
-    backend = KernelFileBackend(SEED_PATH, kbench_pm.registry)
+    backend = kbench_kernel_file(SEED_PATH)
     rec = kbench_check(backend, kbench_case(seqlen_q=300, seqlen_kv=700, heads_q=8, heads_kv=2, head_dim=64,
                                             causal=True, dtype="bf16"))
     assert rec["status"] == "passed", rec.get("reason")

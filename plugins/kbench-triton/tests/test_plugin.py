@@ -106,12 +106,11 @@ def test_unsupported_head_dim_is_a_reason(kbench_case):
     assert TritonAttention().supports(kbench_case(seqlen=64, heads=2, head_dim=128)) is None
 
 
-def test_seed_is_a_valid_kernel_file(kbench_pm):
+def test_seed_is_a_valid_kernel_file(kbench_kernel_file):
     pytest.importorskip("triton")
-    from kbench.kernelfile import KernelFileBackend
     from kbench_triton.backends import kernel_module
 
-    backend = KernelFileBackend(kernel_module().__file__, kbench_pm.registry)
+    backend = kbench_kernel_file(kernel_module().__file__)
     assert backend.substrate.name == "triton" and backend.device == "cuda"
     assert set(backend.tunables) == set(TUNABLE_NAMES)
     assert backend.settings == {n: t.default for n, t in backend.tunables.items()}
@@ -121,6 +120,6 @@ def test_seed_is_a_valid_kernel_file(kbench_pm):
 def test_seeds_pass_the_static_checks_of_untrusted_kernel_files(path):
     # the seeds are evolved and run as untrusted kernel files: a mutable module-level table (read as a
     # possible cache) made every such run fail its static checks on the first H200 run
-    from kbench.judge.policy import IntegritySettings, static_check
+    from kbench.testing import static_violations
 
-    assert static_check(Path(path).read_text(), IntegritySettings()) == []
+    assert static_violations(Path(path).read_text()) == []

@@ -1,4 +1,4 @@
-"""A plugin (named through KBENCH_PLUGINS by test_reference.py) whose float64 reference is a constant of
+"""Test plugin (named through KBENCH_PLUGINS by test_attention_op.py) whose float64 reference is a constant of
 the right shape: a result that shows which path the op's reference() took, without float64 work."""
 from __future__ import annotations
 

@@ -229,3 +229,17 @@ def test_verify_timed_outputs_false_skips_the_timed_reference_check(kbench_case,
     rec = kbench_check(fake_backend(sly()), case, integrity=IntegritySettings(verify_timed_outputs=False))
     assert rec["status"] == "passed", rec["reason"]
     assert "timed_outputs" not in rec["integrity"]["checks"]
+
+
+def test_the_harness_reached_through_kbench_api_is_forbidden_too():
+    """kbench.api re-exports harness objects under public names: the static check resolves them, so a kernel
+    cannot reach the generator, the runner or the reference by importing them from kbench.api."""
+    def rules(source):
+        return [(v.rule, v.message) for v in static_check(source, IntegritySettings())]
+
+    assert rules("from kbench.api import generate_input\n")[0][0] == "forbidden_calls"
+    assert "kbench.ops.inputs.generate" in rules("import kbench\nkbench.api.philox_lanes(1, 2, 3, 4)\n")[0][1]
+    assert "kbench.run.runner.run_suite" in rules("from kbench import run_suite\n")[0][1]
+    assert rules("from kbench.api import BadInput, DType\n") == []  # the vocabularies are harmless
+    allowed = IntegritySettings.from_mapping({"allowed_calls": ["kbench.ops.attention.softmax_scale"]})
+    assert static_check("from kbench.api import softmax_scale\n", allowed) == []

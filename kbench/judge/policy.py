@@ -136,6 +136,20 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
+def _through_the_api(name: str) -> str | None:
+    """What a ``kbench.api.X`` (or ``kbench.X``) name stands for (``module.attribute``), so the harness's own
+    objects cannot be reached by their public names either; None for anything else."""
+    from kbench.api import SURFACE
+
+    for prefix in ("kbench.api.", "kbench."):
+        if name.startswith(prefix):
+            head, _, rest = name[len(prefix):].partition(".")
+            if head in SURFACE:
+                module, attribute = SURFACE[head]
+                return f"{module}.{attribute}" + (f".{rest}" if rest else "")
+    return None
+
+
 def _matches(name: str, patterns: Iterable[str]) -> str | None:
     low = name.lower()
     for pat in patterns:
@@ -160,6 +174,10 @@ class _Checker(ast.NodeVisitor):
         if _matches(name, self.s.allowed_calls):
             return
         pat = _matches(name, self.s.forbidden_calls)
+        target = _through_the_api(name)
+        if pat is None and target is not None and not _matches(target, self.s.allowed_calls):
+            pat = _matches(target, self.s.forbidden_calls)
+            name = f"{name}" if pat is None else f"{name} (= {target})"
         if pat:
             self.found.append(Violation(node.lineno, "forbidden_calls", f"{what} forbidden {name!r} (matches {pat!r})"))
             return

@@ -166,7 +166,7 @@ def test_agent_context_compaction_elides_oldest_tool_results_only():
 
 
 def test_store_and_fitness_use_the_core_utilities(tmp_path):
-    """One now_iso, one atomic write, one geometric mean (issue 14): evolve keeps only its zero rule."""
+    """One now_iso, one atomic write, one geometric mean, the core's: evolve keeps only its zero rule."""
     import kbench.api as api
     from kbench_evolve import fitness, store
 

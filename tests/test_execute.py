@@ -150,8 +150,8 @@ def test_cached_result_keyed_by_input_identity_fails(kbench_case, kbench_check, 
 
 
 def test_cache_by_content_never_hits_when_timed(kbench_case, kbench_check, fake_backend):
-    """Every timed call gets input content never seen before: a cache keyed by content cannot gain,
-    whatever speed ratio it keeps (decided without measuring speed)."""
+    """Every timed call of an untrusted kernel gets input content never seen before: a cache keyed by content
+    cannot gain, whatever speed ratio it keeps (decided without measuring speed)."""
     import hashlib
 
     memo, hits = {}, []
@@ -164,7 +164,9 @@ def test_cache_by_content_never_hits_when_timed(kbench_case, kbench_check, fake_
             return
         honest(q, k, v, out, case)
         memo[key] = out.copy()
-    rec = kbench_check(fake_backend(cached), kbench_case())
+    backend = fake_backend(cached)
+    backend.trusted = False  # judged as an untrusted kernel (in this process, for the test)
+    rec = kbench_check(backend, kbench_case())
     assert rec["status"] == "passed", rec["reason"]
     timed = len(rec["timing"]["samples"])
     assert timed >= 3 and len(memo) >= timed

@@ -56,8 +56,8 @@ def _digest(*arrays) -> str:
 
 
 def test_no_call_can_reach_a_later_calls_inputs(kbench_pm, kbench_case):
-    """Work shifting needs a later call's inputs during an earlier call. Every buffer a kernel ever received
-    is remembered and read at each call: none holds the content of a call still to come."""
+    """Work shifting needs a later call's inputs during an earlier call. Every buffer an untrusted kernel ever
+    received is remembered and read at each call: none holds the content of a call still to come."""
     seen_buffers, calls = [], []
 
     def hoarder(q, k, v, out, case):
@@ -67,7 +67,7 @@ def test_no_call_can_reach_a_later_calls_inputs(kbench_pm, kbench_case):
         honest(q, k, v, out, case)
 
     timing = dict(min_samples=12, max_samples=24, warmup_calls=3)
-    rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(hoarder), trusted=True, **timing)
+    rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(hoarder), trusted=False, **timing)
     assert rec["status"] == "passed", rec["reason"]
     assert rec["timing"]["accounting"]["calls_per_batch"] > 1  # several calls' buffers exist at once
     for i, (content, _) in enumerate(calls):
@@ -75,6 +75,21 @@ def test_no_call_can_reach_a_later_calls_inputs(kbench_pm, kbench_case):
             assert content not in visible_before, f"call {i} content was visible to an earlier call"
     # and every call really had new content, however many buffers there were
     assert len({c for c, _ in calls}) == len(calls)
+
+
+def test_a_trusted_library_is_timed_do_bench_style_on_inputs_made_once_per_slot(kbench_pm, kbench_case):
+    contents = []
+
+    def kernel(q, k, v, out, case):
+        contents.append(_digest(q, k, v))
+        honest(q, k, v, out, case)
+
+    rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel), trusted=True, min_samples=40,
+                 max_samples=80, warmup_calls=1, min_time=0.0, target_rel_se=0.0)
+    assert rec["status"] == "passed", rec["reason"]
+    per_batch, n = rec["timing"]["accounting"]["calls_per_batch"], len(rec["timing"]["samples"])
+    timed = contents[-n:]
+    assert n > per_batch and len(set(timed)) == per_batch  # one content per slot, reused batch after batch
 
 
 class ShrinkingChannel:

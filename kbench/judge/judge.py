@@ -11,7 +11,7 @@ The judge runs in the parent and never imports candidate code. For one (backend,
 3. warms up, then samples in batches of back-to-back calls until the noise target (or a time limit after
    ``min_samples``); after each batch it checks the worker's clock against its own (kbench.judge.accounting)
    and the non-finite counts of every call, and verifies outputs of calls it picks after the reply
-   (one call of every batch of an untrusted kernel; the first and last batch of a trusted library);
+   (one call of every batch of an untrusted kernel; one of the last batch of a trusted library);
 4. for untrusted kernels, measures the same loop with an empty call and requires the samples to explain the
    parent's time (kbench.judge.accounting); optionally runs a sustained loop for energy and clocks;
 5. decides the record. A reply is data to verify, never a verdict: anything malformed fails the record.
@@ -111,12 +111,15 @@ class Judge:
         """Samples of one batch, the parent's wall time of it, the non-finite counts; clock checked."""
         if self.split and kind != "empty":
             self._forward(kind, calls)
-        payload, sent, received = self._request(("batch", {"kind": kind, "calls": calls}), "batch")
+        # an untrusted kernel's every call is scanned where it lives (shadows, NaN/Inf); a trusted library's
+        # timed and warm-up calls are not (do_bench-style), the calls the judge collects are scanned here
+        scan = not self.trusted or kind in ("check", "empty")
+        payload, sent, received = self._request(("batch", {"kind": kind, "calls": calls, "scan": scan}), "batch")
         n = len(calls)
         got = replies.samples(payload, n, kind)
         check_clock(kind, got, replies.window(payload, kind), replies.stamps(payload, n, kind), sent, received,
                     self.host_clock)
-        counts = replies.nonfinite(payload, n, self.outputs, kind)
+        counts = replies.nonfinite(payload, n, self.outputs, kind) if scan else [[] for _ in range(n)]
         self.threads = replies.threads(payload)
         return got, (received - sent) * 1e-9, counts
 
@@ -267,7 +270,6 @@ class Judge:
         samples: list[float] = []
         reason, below = "max_samples", False
         begin = clock()
-        first = True
         while len(samples) < settings.max_samples:
             n = min(per_batch, settings.max_samples - len(samples))
             since = clock()
@@ -288,13 +290,12 @@ class Judge:
                 stop, below = "time_limit", len(samples) < settings.min_samples
             if stop is None and len(samples) >= settings.max_samples:
                 stop = "max_samples"
-            # verified after the reply: one call of every batch of an untrusted kernel; a trusted library's
-            # first and last batch (integrity.verify_timed_outputs: false leaves the NaN/Inf counts)
-            if self.ctx.integrity.verify_timed_outputs and (not self.trusted or first or stop is not None):
+            # verified after the reply: one call of every batch of an untrusted kernel; one of a trusted
+            # library's last batch (integrity.verify_timed_outputs: false leaves the NaN/Inf counts)
+            if self.ctx.integrity.verify_timed_outputs and (not self.trusted or stop is not None):
                 since = clock()
                 self._verify_timed(calls)
                 self._phase("verification", since)
-            first = False
             if stop is not None:
                 reason = stop
                 break
@@ -319,6 +320,11 @@ class Judge:
         return left is not None and left < 3 * batch_seconds + 5.0
 
     def _slots(self, purpose: str, n: int) -> list:
+        """``n`` calls on slots 0.. with their input keys: a new key for every call of an untrusted kernel (its
+        inputs made just before it); for a trusted library one key per slot, kept for the whole record (inputs
+        made once per slot, do_bench-style: a library does not cache by content)."""
+        if self.trusted and purpose in ("warmup", "timed"):
+            return [[slot, self.source.key("slot", slot)] for slot in range(n)]
         return [[slot, key] for slot, key in enumerate(self._keys(purpose, n))]
 
     def _timed(self, n: int) -> tuple[list[float], float, list[list[int]], list]:

@@ -93,17 +93,26 @@ def capped(s: np.ndarray, softcap: float) -> np.ndarray:
 
 def _probabilities(qh: np.ndarray, kh: np.ndarray, scale: float, mask: np.ndarray | None,
                    softcap: float) -> tuple[np.ndarray, np.ndarray]:
-    """P (…, rows, sk) of one kv head in float64 and d(capped score)/d(raw score) (1 without softcap)."""
-    raw = (qh @ kh.T) * scale
-    s = capped(raw, softcap)
-    slope = 1.0 - np.tanh(raw / softcap) ** 2 if softcap else np.ones_like(raw)
+    """P (…, rows, sk) of one kv head in float64 and d(capped score)/d(raw score) (1 without softcap).
+
+    Element-wise steps work in place on the score array (it is the largest temporary of the reference)."""
+    raw = qh @ kh.T
+    raw *= scale
+    if softcap:
+        s = capped(raw, softcap)
+        slope = 1.0 - np.tanh(raw / softcap) ** 2
+    else:
+        s, slope = raw, np.ones((1,) * raw.ndim)
     if mask is not None:
         s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    denom = p.sum(axis=-1, keepdims=True)
-    return p / np.where(denom == 0, 1.0, denom), slope
+    m[~np.isfinite(m)] = 0.0
+    s -= m
+    np.exp(s, out=s)
+    denom = s.sum(axis=-1, keepdims=True)
+    denom[denom == 0] = 1.0
+    s /= denom
+    return s, slope
 
 
 def attention_float64(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool,

@@ -100,6 +100,12 @@ SURFACE: dict[str, tuple[str, str]] = {
     "atomic_write": ("kbench.outputs", "atomic_write"),  # atomic_write(path, lambda fh: fh.write(text))
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
+    # reading files: the one reader's limits and messages (special files refused by type, size, depth,
+    # numbers, string and array lengths, duplicate keys; BadInput naming the file, the place and the fix)
+    "load_result": ("kbench.results", "load_result"),
+    "read_json": ("kbench.reader", "read_json"),
+    "read_text": ("kbench.reader", "read_text"),
+    "parse_json": ("kbench.reader", "parse_json"),
     "geomean": ("kbench.compare", "geomean"),
     "parse_source": ("kbench.integrity", "parse_source"),  # ast.parse, safe from several threads
 }

@@ -25,7 +25,7 @@ def header():
 
 
 def record(i, samples=4):
-    return {"backend": f"b{i}", "op": "attention", "case_id": f"attention[{i}]", "case": {"seqlen_q": i},
+    return {"backend": f"b{i}", "op": "attention", "case_id": f"attention[{i}]", "case": {"seqlen_q": i + 1},
             "device": "cpu", "status": "passed", "reason": None,
             "timing": {"samples": [1e-3 + k * 1e-7 for k in range(samples)], "stop_reason": "time_limit"}}
 
@@ -123,7 +123,7 @@ def test_a_damaged_line_before_the_last_is_bad_input_naming_the_journal_line(tmp
     jp.write_bytes(b"\n".join(lines))
     with pytest.raises(BadInput, match="not valid JSON") as err:
         load_result(path)
-    assert err.value.file == str(jp) and err.value.where == "line 3"
+    assert err.value.file == str(jp) and err.value.where.startswith("line 3, column ")
     release_result_lock(path)
 
 
@@ -200,3 +200,4 @@ def test_results_root(monkeypatch, tmp_path):
     assert str(results_root()) == "results"
     monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path))
     assert results_root() == tmp_path
+

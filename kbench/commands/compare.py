@@ -97,6 +97,12 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     if why and not allow_different_machines:
         check_same_machine(base, new, base_file=results[0], new_file=results[1])
     pairs = compare_runs(base, new, settings)
+    if not any(p.base is not None and p.new is not None for p in pairs):  # a table of "x" rows compares nothing
+        only = Counter("base" if p.new is None else "new" for p in pairs)
+        raise BadInput(f"the two results have no (case, backend) in common ({only['base']} records only in "
+                       f"{results[0]}, {only['new']} only in {results[1]}): there is nothing to compare",
+                       where="RESULTS", fix="compare two runs of one suite and backend selection, or narrow both "
+                                            "with -k to what they share")
     shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
     skipped_both: dict[str, set[str]] = {}
     if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case

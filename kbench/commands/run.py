@@ -11,6 +11,15 @@ from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
 
 
+def _finite_seconds(ctx, param, value):
+    """A finite number of seconds: click's FloatRange lets ``nan`` (every comparison is false) and ``inf`` by."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds; give a finite number, e.g. 60")
+    return value
+
+
 def _is_kernel_file(pattern: str) -> bool:
     return pattern.endswith(".py") or Path(pattern).is_file()
 
@@ -29,7 +38,7 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="Run trusted backends in a worker process (--no-isolate: in this process, for debugging). "
                    "Untrusted backends and kernel files always run in sandboxed workers.")
-@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", callback=_finite_seconds,
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")

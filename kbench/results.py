@@ -12,26 +12,29 @@ Older files are migrated on read; newer ones are refused.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import json
 import os
 import reprlib
 import secrets
+import signal
+import threading
 import time
 import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import jsonschema
 
 from kbench.errors import BadInput, OutputError
 from kbench.record import Record
-from kbench.outputs import (atomic_write, current_umask, hold_result_lock, journal_path, output_error,
+from kbench.outputs import (atomic_write, current_umask, explain, hold_result_lock, journal_path, output_error,
                             release_result_lock)
-from kbench.reader import (MAX_DEPTH, MAX_RESULT_BYTES, decode_text, parse_json, path_text, read_bytes,
+from kbench.reader import (MAX_DEPTH, MAX_RESULT_BYTES, MAX_STRING, decode_text, parse_json, path_text, read_bytes,
                            read_json)
 
 RESULT_VERSION = 2
@@ -343,11 +346,15 @@ def _json_default(obj: Any) -> Any:
 
 
 def sanitize(obj: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null."""
+    """JSON has no NaN or Infinity: store them as null. A string longer than every reader takes
+    (:data:`kbench.reader.MAX_STRING`: an exception's message of megabytes) is cut, saying so, so that kbench
+    never writes a file it refuses to read."""
     import math
 
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
+    if isinstance(obj, str):
+        return obj if len(obj) <= MAX_STRING else f"{obj[:MAX_STRING - 64]}... ({len(obj):,} characters, cut)"
     if isinstance(obj, dict):
         return {k: sanitize(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -355,6 +362,41 @@ def sanitize(obj: Any) -> Any:
             return list(obj)  # timing samples: thousands of finite floats, checked in C (a NaN or inf sums to one)
         return [sanitize(v) for v in obj]
     return obj
+
+
+def unmeasured_note(records: list[dict[str, Any]]) -> str | None:
+    """Why a finished run is not complete when the environment, not a backend, failed some records
+    (``cause: infrastructure``); None when every record is a measurement."""
+    spoiled = [r for r in records if r.get("cause") == "infrastructure"]
+    if not spoiled:
+        return None
+    reason = str(spoiled[0].get("reason") or "no reason given").splitlines()[0][:300]
+    return (f"{len(spoiled)} of {len(records)} records could not be measured because the environment failed "
+            f"(not the backends), e.g. {spoiled[0].get('backend')}: {reason}")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a file is being finished (in the main thread; elsewhere signals do not
+    arrive), then deliver them to the handlers that were there: a signal no longer cuts the last rewrite short,
+    and the command still ends as that signal says (130, 143)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 class ResultWriter:
@@ -374,7 +416,7 @@ class ResultWriter:
                  ) -> None:
         self.path = Path(path)
         # a new journal id per writer: a journal another writer of this path left is never folded in
-        self.data = {"format": FORMAT, "version": RESULT_VERSION, **header, "complete": False,
+        self.data = {"format": FORMAT, "version": RESULT_VERSION, **sanitize(header), "complete": False,
                      "journal": secrets.token_hex(8), "records": Records(records)}
         self.data.setdefault("created", now_iso())
         #: records the file on disk holds, journal included (what a failed write leaves)
@@ -404,7 +446,7 @@ class ResultWriter:
             journal_write(self._journal(), line)
         except OSError as exc:
             self._cut_journal()
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self._journal_size += len(line)
         self.written = len(self.data["records"])
         if self._checkpoint_due():
@@ -412,16 +454,25 @@ class ResultWriter:
 
     def finish(self, *, interrupted: str | None = None, extra: dict[str, Any] | None = None) -> None:
         """Mark the file complete (or interrupted), merge ``extra`` into the header, write it with every record
-        (the journal folded in and removed), release the lock."""
+        (the journal folded in and removed), release the lock.
+
+        A file some of whose records are ``cause: infrastructure`` (the environment failed: a worker that could
+        not start, no sandbox, the file-size limit) is not complete: those are not measurements, and
+        ``kbench run --resume`` measures them again once the environment is fixed (``interrupted`` says so).
+        Ctrl-C or SIGTERM while the file is written is held until it is written, then delivered."""
+        note = unmeasured_note(self.data["records"]) if interrupted is None else None
+        if note:
+            interrupted = f"{note}; once fixed, measure them with: kbench run --resume {self.path}"
         self.data["complete"] = interrupted is None
         self.data["interrupted"] = interrupted
         self.data.update(extra or {})
-        try:
-            self.flush(full=True)
-            self._close_journal(remove=True)
-        finally:
-            self._close_journal(remove=False)
-            release_result_lock(self.path)
+        with signals_held():
+            try:
+                self.flush(full=True)
+                self._close_journal(remove=True)
+            finally:
+                self._close_journal(remove=False)
+                release_result_lock(self.path)
 
     def flush(self, *, full: bool = False) -> None:
         """Rewrite the JSON file with every record (a checkpoint) and start the journal again."""
@@ -432,12 +483,12 @@ class ResultWriter:
         try:
             atomic_write_json(self.path, self.data)
         except OSError as exc:
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self.written = self._in_file = len(self.data["records"])
         try:  # the file holds every record now: the journal's entries are below its count, and skipped on read
             self._restart_journal()
         except OSError as exc:
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self._last_checkpoint = time.monotonic()
         self._checkpoint_cost = self._last_checkpoint - start
 
@@ -484,6 +535,20 @@ class ResultWriter:
                 pass  # its entries are all in the file now: a reader skips them
         os.close(self._fd)
         self._fd = None
+
+    def _stopped(self, exc: OSError) -> OutputError:
+        """The error that stops the run; first, where the journal still takes a line (the free end of its last
+        block, even on a full disk), why the run stopped: readers show it as the file's ``interrupted``."""
+        error = self._write_error(exc)
+        if self._fd is not None and self._journal_size:
+            why, _ = explain(exc)
+            line = json.dumps({"stopped": f"cannot write the result file: {why}"}).encode() + b"\n"
+            try:
+                journal_write(self._fd, line)
+                self._journal_size += len(line)
+            except OSError:
+                self._cut_journal()  # nothing more can be written: readers say "still running or killed"
+        return error
 
     def _write_error(self, exc: OSError) -> OutputError:
         if self.written is None and not self.path.exists():

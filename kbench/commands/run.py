@@ -71,8 +71,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
     (including -k matching nothing, an existing -o file without --force, a result file another run is
-    writing, or a result file that cannot be written: the message says what it still holds), 130 when
-    interrupted (Ctrl-C) and 143 when terminated (SIGTERM); an interrupted run is finished with
+    writing, a result file that cannot be written: the message says what it still holds, and records the
+    environment could not measure: a file-size limit, no sandbox), 130 when interrupted (Ctrl-C) and 143
+    when terminated (SIGTERM), also while the file is being finished; an interrupted run is finished with
     `kbench run --resume RESULT`.
     """
     from kbench.errors import BadInput
@@ -127,6 +128,11 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     hint = traceback_hint(writer.records, planned.output)
     if hint:
         click.echo(hint, err=True)
+    if not writer.data["complete"]:  # records the environment spoiled: exit 2, the file waits for --resume
+        from kbench.results import unmeasured_note
+
+        raise BadInput(unmeasured_note(writer.records) or str(writer.data["interrupted"]), file=str(planned.output),
+                       fix=f"fix the environment as the records' reasons say, then: kbench run --resume {planned.output}")
     sys.exit(exit_code(writer.records))
 
 

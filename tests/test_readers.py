@@ -285,3 +285,20 @@ def record(backend="numpy", **extra):
     return {"backend": backend, "op": "attention", "case_id": "attention[x]", "case": {"seqlen_q": 1},
             "device": "cpu", "status": "passed", "reason": None,
             "timing": {"samples": [1e-3, 2e-3], "stop_reason": "noise_target"}, **extra}
+
+
+def test_evolve_reads_its_lineage_through_the_same_reader(tmp_path):
+    from kbench_evolve.store import Lineage, read_jsonl
+
+    root = tmp_path / "ws" / "lin"
+    (root / "versions" / "v0001").mkdir(parents=True)
+    os.mkfifo(root / "lineage.json")
+    (root / "versions" / "v0001" / "version.json").write_text('{"geomean": 1, "geomean": 2}')
+    (root / "attempts.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": ')  # a kill mid-append: the torn line is skipped
+    lineage = Lineage(root)
+    with no_hang(), pytest.raises(BadInput, match="named pipe"):
+        lineage.meta  # noqa: B018
+    with pytest.raises(BadInput, match="the key 'geomean' appears twice") as err:
+        lineage.versions()
+    assert err.value.file == str(root / "versions" / "v0001" / "version.json")
+    assert read_jsonl(root / "attempts.jsonl") == [{"a": 1}, {"a": 2}]

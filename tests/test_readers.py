@@ -302,3 +302,16 @@ def test_evolve_reads_its_lineage_through_the_same_reader(tmp_path):
         lineage.versions()
     assert err.value.file == str(root / "versions" / "v0001" / "version.json")
     assert read_jsonl(root / "attempts.jsonl") == [{"a": 1}, {"a": 2}]
+
+
+def test_a_backend_setting_given_twice_is_refused():
+    res = invoke("run", "suites/smoke.yaml", "-b", "numpy-flash[block_q=16,block_q=32]")
+    assert res.exit_code == 2 and "the setting 'block_q' is given twice" in res.output
+    data, lines = load_yaml_text("name: x\nbackends: [{name: 'numpy-flash[block_q=16]', tunables: {block_q: 32}}]\n"
+                                 "grid: [{seqlen: 8, heads: 1, head_dim: 4}]\n", source="s.yaml")
+    suite = suite_from_data(data, path="s.yaml", lines=lines)
+    from kbench.plugins import get_plugin_manager
+
+    with pytest.raises(BadInput, match="given twice") as err:
+        suite.plan("cpu", get_plugin_manager().registry.op("attention"))
+    assert err.value.file == "s.yaml"

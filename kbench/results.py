@@ -416,7 +416,13 @@ class ResultWriter:
                  ) -> None:
         self.path = Path(path)
         # a new journal id per writer: a journal another writer of this path left is never folded in
-        self.data = {"format": FORMAT, "version": RESULT_VERSION, **sanitize(header), "complete": False,
+        header = sanitize(header)
+        hardware = header.get("hardware")
+        if isinstance(hardware, dict):  # a rate nobody knows is absent (readers divide by the ones present)
+            for key in ("peak_flops", "measured_flops"):
+                if isinstance(hardware.get(key), dict):
+                    hardware[key] = {k: v for k, v in hardware[key].items() if v is not None}
+        self.data = {"format": FORMAT, "version": RESULT_VERSION, **header, "complete": False,
                      "journal": secrets.token_hex(8), "records": Records(records)}
         self.data.setdefault("created", now_iso())
         #: records the file on disk holds, journal included (what a failed write leaves)

@@ -315,3 +315,23 @@ def test_a_backend_setting_given_twice_is_refused():
     with pytest.raises(BadInput, match="given twice") as err:
         suite.plan("cpu", get_plugin_manager().registry.op("attention"))
     assert err.value.file == "s.yaml"
+
+
+def test_a_baseline_table_that_would_be_mostly_empty_is_refused(tmp_path):
+    data = reference()  # every record its own case and backend: a table of records^2 cells, almost all empty
+    template = data["records"][0]
+    data["records"] = [dict(template, backend=f"b{i}", case_id=f"{template['case_id'][:-1]},k={i}]")
+                       for i in range(200)]
+    path = write(tmp_path / "sparse.json", data)
+    res = invoke("compare", path, "--baseline", "b0")
+    assert res.exit_code == 2 and "the table would have 40,000 cells for 200 records" in res.output
+    res = invoke("compare", path, "--baseline", "nope")
+    assert res.exit_code == 2 and "use one of: b0, b1," in res.output and "and 188 more" in res.output
+
+
+def test_an_unknown_rate_is_left_out_of_the_file_not_written_as_null(tmp_path):
+    head = {**header(), "hardware": {"name": "x", "title": "X", "kind": "gpu", "peak_flops": {"fp32": 1e13, "fp4": None},
+                                     "measured_flops": {}}}
+    w = ResultWriter(tmp_path / "r.json", head)
+    w.finish()
+    assert load_result(tmp_path / "r.json")["hardware"]["peak_flops"] == {"fp32": 1e13}

@@ -167,7 +167,7 @@ def speedup(table, palette: Mapping[str, str]) -> Figure | None:
             vals.append(100 * (s.speedup - 1))
             lo.append(100 * (s.speedup - s.ci_low))
             hi.append(100 * (s.ci_high - s.speedup))
-        ax.barh(ys, vals, height=height * 0.9, color=palette.get(b, PALETTE[i]), xerr=[lo, hi],
+        ax.barh(ys, vals, height=height * 0.9, color=palette.get(b, PALETTE[i % len(PALETTE)]), xerr=[lo, hi],
                 error_kw={"elinewidth": 0.8, "capsize": 2}, label=f"{b} (geomean {_pct(table.overall_geomean(b))})")
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(cases)))

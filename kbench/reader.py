@@ -83,6 +83,10 @@ def read_bytes(path: str | Path, *, limit: int, what: str = "file", missing_fix:
     """The bytes of the regular file ``path``, at most ``limit`` of them (counted while reading; ``head``: the
     first ``limit`` bytes of a file that may be longer)."""
     before = check_regular(path, what=what, missing_fix=missing_fix)
+    too_big = limit_fix or f"give a {what} kbench wrote; no real one is this large"
+    if before.st_size > limit and not head:  # a size told is enough to refuse; it is never trusted to accept
+        raise BadInput(f"the {what} of {before.st_size:,} bytes is over the limit of {limit:,} bytes",
+                       file=str(path), fix=too_big)
     try:
         # O_NONBLOCK: were the path swapped for a FIFO since the check, opening it does not wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -106,8 +110,8 @@ def read_bytes(path: str | Path, *, limit: int, what: str = "file", missing_fix:
             if head and total >= limit:
                 break
             if total > limit:
-                raise BadInput(f"the {what} is larger than the limit of {limit:,} bytes", file=str(path),
-                               fix=limit_fix or f"give a {what} kbench wrote; no real one is this large")
+                raise BadInput(f"the {what} is over the limit of {limit:,} bytes (counted while reading it)",
+                               file=str(path), fix=too_big)
     except OSError as exc:
         raise BadInput(f"cannot read the {what}: {_why(exc)}", file=str(path), fix=_fix(exc)) from None
     finally:

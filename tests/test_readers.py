@@ -95,7 +95,7 @@ def test_a_fifo_in_place_of_a_journal_is_refused_not_waited_on(tmp_path):
 def test_the_size_is_counted_while_reading_not_taken_from_stat():
     # a /proc file reports size 0 and holds hundreds of bytes: a check of st_size alone would read it all
     assert os.stat("/proc/self/status").st_size == 0
-    with pytest.raises(BadInput, match="larger than the limit of 64 bytes"):
+    with pytest.raises(BadInput, match="over the limit of 64 bytes"):
         read_bytes("/proc/self/status", limit=64)
 
 
@@ -335,3 +335,21 @@ def test_an_unknown_rate_is_left_out_of_the_file_not_written_as_null(tmp_path):
     w = ResultWriter(tmp_path / "r.json", head)
     w.finish()
     assert load_result(tmp_path / "r.json")["hardware"]["peak_flops"] == {"fp32": 1e13}
+
+
+def test_a_report_of_more_series_than_can_be_drawn_is_refused_before_drawing(tmp_path):
+    data = reference()
+    template = data["records"][0]
+    data["records"] = [dict(template, backend=f"b{i}") for i in range(101)]
+    res = invoke("report", write(tmp_path / "wide.json", data), "-o", tmp_path / "r.html")
+    assert res.exit_code == 2 and "the report would draw 101 series" in res.output and "-k" in res.output
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_report_of_more_backends_than_colours_is_drawn(tmp_path):
+    data = reference()  # 12 backends on one case: 11 speedup bars, more than the palette has colours
+    template = data["records"][0]
+    data["records"] = [dict(template, backend=f"b{i}") for i in range(12)]
+    res = invoke("report", write(tmp_path / "many.json", data), "-o", tmp_path / "r.html")
+    assert res.exit_code == 0, res.output  # was IndexError: the eleventh bar's default colour
+    assert "b10" in (tmp_path / "r.html").read_text()

@@ -302,6 +302,9 @@ def test_evolve_reads_its_lineage_through_the_same_reader(tmp_path):
         lineage.versions()
     assert err.value.file == str(root / "versions" / "v0001" / "version.json")
     assert read_jsonl(root / "attempts.jsonl") == [{"a": 1}, {"a": 2}]
+    os.mkfifo(tmp_path / "suite.yaml")  # `kbench evolve init NAME --suite FIFO` copies the suite first
+    with no_hang(), pytest.raises(BadInput, match="named pipe"):
+        lineage.adopt_suite(tmp_path / "suite.yaml")
 
 
 def test_a_backend_setting_given_twice_is_refused():

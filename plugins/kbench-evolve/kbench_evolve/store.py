@@ -133,7 +133,7 @@ class Lineage:
         the lineage, as versions record it."""
         import hashlib
 
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, limit=META_BYTES, what="suite file")
         name = f"{hashlib.sha256(text.encode()).hexdigest()[:12]}-{Path(path).name}"
         target = self.root / "suites" / name
         if not target.is_file():

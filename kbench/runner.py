@@ -413,11 +413,11 @@ def resume_blockers(pm: PluginManager, data: dict[str, Any], kernel_files: Itera
     said in words. Empty: a resume adds comparable records (other changes are recorded in ``resumes``)."""
     changes = environment_changes(data["environment"], environment(pm))
     measuring = measuring_plugins(pm, data, kernel_files)
-    why = [f"{k} {c['was']} -> {c['now']}" for k, c in changes.items() if k in COMPARED_ENVIRONMENT]
+    why = [f"{k}: {c['was']} -> {c['now']}" for k, c in changes.items() if k in COMPARED_ENVIRONMENT]
     for key, c in changes.items():
         name = key[len("plugins."):] if key.startswith("plugins.") else None
         if name in measuring:
-            why.append(f"plugin {name!r} ({measuring[name]}) {c['was'] or 'not installed'} -> "
+            why.append(f"plugin {name!r} ({measuring[name]}): {c['was'] or 'not installed'} -> "
                        f"{c['now'] or 'not installed'}")
     return why
 

@@ -147,7 +147,7 @@ def test_a_plugin_that_measures_nothing_here_does_not_block_a_resume(tmp_path, s
     out.write_text(json.dumps(data))
     with pytest.raises(BadInput) as err:
         resume_request(pm, out)
-    assert "plugin 'kbench.builtin.numpy_backends' (backend numpy) 0.0.1 -> " in err.value.message
+    assert "plugin 'kbench.builtin.numpy_backends' (backend numpy): 0.0.1 -> " in err.value.message
     assert "uninstalled-since" not in err.value.message and installed_since not in err.value.message
 
 

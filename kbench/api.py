@@ -60,7 +60,6 @@ SURFACE: dict[str, tuple[str, str]] = {
     "load_result": ("kbench.results", "load_result"),
     "Record": ("kbench.record", "Record"),
     "records_of": ("kbench.record", "records_of"),
-    "load_result": ("kbench.results", "load_result"),  # a result file read, migrated, validated, journal folded
     # lineages handed to the history site (hook kbench_read_lineages)
     "LineageHistory": ("kbench.history.lineages", "LineageHistory"),
     "LineageVersion": ("kbench.history.lineages", "LineageVersion"),
@@ -115,7 +114,11 @@ SURFACE: dict[str, tuple[str, str]] = {
     "atomic_write": ("kbench.outputs", "atomic_write"),  # atomic_write(path, lambda fh: fh.write(text))
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
-    "load_result": ("kbench.results", "load_result"),  # a result file read, migrated and validated
+    # reading files: the one reader's limits and messages (special files refused by type, size, depth,
+    # numbers, string and array lengths, duplicate keys; BadInput naming the file, the place and the fix)
+    "read_json": ("kbench.reader", "read_json"),
+    "read_text": ("kbench.reader", "read_text"),
+    "parse_json": ("kbench.reader", "parse_json"),
     "geomean": ("kbench.compare", "geomean"),
     "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
     "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads

@@ -10,7 +10,6 @@ device's arrays belong to (NumPy on the CPU, CuPy on CUDA).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,10 +189,9 @@ def load_calibration(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     fix = "delete it, or re-run `kbench calibrate` to rewrite it"
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"unreadable calibration file: {exc}", file=str(path), fix=fix) from None
+    from kbench.reader import read_json
+
+    doc = read_json(path, limit=2**20, what="calibration file", fix=fix)  # the one reader: its limits, its messages
     if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
         raise BadInput(f"not a kbench calibration file (no `format: {CALIBRATION_FORMAT}`)", file=str(path), fix=fix)
     if doc.get("version") != CALIBRATION_VERSION:

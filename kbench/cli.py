@@ -5,12 +5,23 @@ at the edge; nothing below this module prints tracebacks for bad input.
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import click
 
 from kbench import __version__
 from kbench.errors import KbenchError
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command, raised like Ctrl-C's KeyboardInterrupt so that what is being written is
+    finished or left valid (``finally`` blocks run), and the command exits 143 (128 + SIGTERM) with one line."""
+
+
+def _terminated(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
 
 
 class KbenchClickError(click.ClickException):
@@ -46,15 +57,23 @@ class KbenchGroup(click.Group):
         return super().get_command(ctx, name)
 
     def invoke(self, ctx):
+        # SIGTERM as an exception for the command's duration (the default would end the process at once,
+        # silently, maybe halfway through writing a file); the handler that was there comes back after
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, _terminated) if main else None
         try:
             return super().invoke(ctx)
         except KbenchError as exc:
             raise KbenchClickError(exc) from exc
-        except KeyboardInterrupt:
-            # Ctrl-C outside a run's own handling (planning, a second Ctrl-C while the result file is being
-            # finished): one line and the shell's convention 128 + SIGINT, not click's "Aborted!" and exit 1
-            click.echo("\nkbench: interrupted (Ctrl-C)", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C or SIGTERM outside a run's own handling (planning, a signal while the result file is being
+            # finished): one line and the shell's convention 128 + the signal, not click's "Aborted!" and exit 1
+            term = isinstance(exc, Terminated) or "SIGTERM" in str(getattr(exc, "how", ""))
+            click.echo(f"\nkbench: {'terminated (SIGTERM)' if term else 'interrupted (Ctrl-C)'}", err=True)
+            ctx.exit(143 if term else 130)
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
 
 
 @click.group(cls=KbenchGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -78,15 +78,43 @@ def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w") -
 def output_error(path: Path | str, exc: OSError, *, what: str = "cannot write", kept: str | None = None,
                  option: str | None = None) -> OutputError:
     why, fix = explain(exc)
-    message = f"{what}: {why}" + (f" ({exc.strerror})" if exc.strerror and exc.strerror.lower() != why else "")
+    message = f"{what}: {why}" + (f" ({exc.strerror})" if exc.strerror and exc.strerror.lower() != why.lower() else "")
     if kept:
         message += f"; {kept}"
     return OutputError(message, file=str(path), where=option, fix=fix)
 
 
-def check_output_file(path: Path | str, *, option: str = "-o") -> Path:
-    """Refuse, before any work, an output file that cannot be made: a directory, or a parent that cannot be."""
+#: longest file name (bytes) where the file system does not say (NAME_MAX on Linux)
+NAME_MAX = 255
+#: what a result file's writer adds to its name beside it: ``.NAME.XXXXXXXX.tmp`` (the longest of .journal, .lock)
+RESULT_NAME_EXTRA = len("..12345678.tmp")
+
+
+def check_name_lengths(path: Path, *, option: str, extra: int = 0) -> None:
+    """Refuse a path with a part longer than the file system allows (``extra``: bytes the writer adds to the
+    last part, for the files it keeps beside it), before anything trips on it halfway."""
+    try:
+        name_max = os.pathconf(path.parent if path.parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = NAME_MAX
+    for i, part in enumerate(path.parts):
+        size = len(os.fsencode(part)) + (extra if i == len(path.parts) - 1 else 0)
+        if size > name_max:
+            beside = f" plus the {extra} kbench adds for the files it keeps beside it" if extra and i == len(path.parts) - 1 else ""
+            raise OutputError(f"a name of the path is {len(os.fsencode(part)):,} bytes long{beside}; the file system "
+                              f"allows {name_max}", file=_short_path(path), where=option, fix="give a shorter name")
+
+
+def _short_path(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
+
+
+def check_output_file(path: Path | str, *, option: str = "-o", extra: int = 0) -> Path:
+    """Refuse, before any work, an output file that cannot be made: a name too long, a directory, or a parent
+    that cannot be made."""
     path = Path(path)
+    check_name_lengths(path, option=option, extra=extra)
     if path.is_dir():
         raise OutputError("is a directory; a file is written here", file=str(path), where=option,
                           fix=f"give a file name, e.g. {path / 'report.html'}")
@@ -248,7 +276,7 @@ def release_result_lock(path: Path) -> None:
 def claim_result_file(path: Path, *, force: bool = False, resuming: bool = False) -> ResultLock:
     """Before any work: ``path`` can be written, no other run writes it, and an existing file is not
     overwritten unless ``force`` (or it is the run being resumed)."""
-    check_output_file(path, option="-o")
+    check_output_file(path, option="-o", extra=RESULT_NAME_EXTRA)
     lock = hold_result_lock(path)
     if path.exists() and not (force or resuming):
         release_result_lock(path)

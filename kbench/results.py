@@ -12,25 +12,30 @@ Older files are migrated on read; newer ones are refused.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import json
 import os
+import reprlib
 import secrets
+import signal
+import threading
 import time
 import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import jsonschema
 
 from kbench.errors import BadInput, OutputError
 from kbench.record import Record
-from kbench.outputs import (atomic_write, current_umask, hold_result_lock, journal_path, output_error,
+from kbench.outputs import (atomic_write, current_umask, explain, hold_result_lock, journal_path, output_error,
                             release_result_lock)
-from kbench.yamlsource import MAX_DEPTH
+from kbench.reader import (MAX_DEPTH, MAX_RESULT_BYTES, MAX_STRING, decode_text, parse_json, path_text, read_bytes,
+                           read_json)
 
 RESULT_VERSION = 2
 FORMAT = "kbench-result"
@@ -135,7 +140,25 @@ def _plain_samples(records: Iterable[Any]) -> bool:
 
 
 def _where(error: jsonschema.ValidationError) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    return path_text(tuple(error.absolute_path))
+
+
+def schema_message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message, with the offending value shortened (its message quotes the value whole: a
+    64 KiB string, or a list of a million samples)."""
+    value = error.instance
+    if error.validator in ("maxLength", "minLength") and isinstance(value, str):
+        return f"a string of {len(value):,} characters (at most {error.validator_value:,})" \
+            if error.validator == "maxLength" else "an empty string"
+    if error.validator in ("maxItems", "minItems") and isinstance(value, list):
+        return f"an array of {len(value):,} items (at most {error.validator_value:,})"
+    if len(error.message) <= 300:
+        return error.message
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    short.maxlist = short.maxdict = short.maxlevel = 4
+    shown = short.repr(value)
+    return error.message.replace(repr(value), shown) if repr(value) in error.message else error.message[:300] + "..."
 
 
 def validate(data: dict[str, Any], *, file: str | None = None) -> None:
@@ -143,87 +166,73 @@ def validate(data: dict[str, Any], *, file: str | None = None) -> None:
     plain = _plain_samples(records) if isinstance(records, list) else False
     error = jsonschema.exceptions.best_match(_validators(plain)[0].iter_errors(data))
     if error is not None:
-        raise BadInput(f"invalid result file: {error.message}", file=file, where=_where(error) or "(top level)",
-                       fix="the file was edited or truncated by hand; re-run the suite to regenerate it")
+        raise BadInput(f"invalid result file: {schema_message(error)}", file=file, where=_where(error),
+                       fix="the file was edited by hand or by another tool; restore it, or re-run the suite")
 
 
 def validate_record(record: dict[str, Any], *, file: str | None = None) -> None:
     error = jsonschema.exceptions.best_match(_validators(_plain_samples([record]))[1].iter_errors(record))
     if error is not None:
-        raise BadInput(f"invalid record for {record.get('backend')} {record.get('case_id')}: {error.message}",
-                       file=file, where=_where(error) or "(record)", fix="this is a bug in the backend's plugin or kbench")
+        where = _where(error)
+        raise BadInput(f"invalid record for {record.get('backend')} {record.get('case_id')}: {schema_message(error)}",
+                       file=file, where="(record)" if where == "(top level)" else where,
+                       fix="this is a bug in the backend's plugin or kbench")
+
+
+#: what to do with a file that is not a result file at all
+NOT_A_RESULT = "give a result file written by `kbench run` (results/<machine>/*.json)"
+#: ... and with one that was, but is damaged
+DAMAGED = "restore it from where it came (a copy cut short?), or re-run the suite to measure it again"
+
+
+def read_result_json(path: str | Path) -> Any:
+    """A result file's JSON through the one reader (:mod:`kbench.reader`): special files refused by type,
+    the size, depth, number, string and array limits, duplicate keys refused."""
+    return read_json(path, limit=MAX_RESULT_BYTES, what="result file", missing_fix="give the path `kbench run` printed",
+                     fix=NOT_A_RESULT, damaged_fix=DAMAGED)
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
     """Read, migrate and validate a result file, with the records of its journal (a run still writing it,
-    or one that was killed) folded in."""
+    or one that was killed) folded in. Every command that reads result files reads them here."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput("result file not found", file=str(path), fix="give the path `kbench run` printed") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read result file: {exc}", file=str(path), fix="check permissions") from None
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"not valid JSON: {exc.msg}", file=str(path), where=f"line {exc.lineno}, column {exc.colno}",
-                       fix="the file is damaged; re-run the suite") from None
-    except _NonFinite as exc:
-        raise BadInput(f"{exc.args[0]} is not a number JSON allows (kbench stores a missing number as null)",
-                       file=str(path), fix="the file was edited by hand or by another tool; re-run the suite") from None
-    except RecursionError:
-        raise BadInput("nested too deeply to be a result file", file=str(path),
-                       fix="give a file written by `kbench run`") from None
-    depth = _depth(data)
-    if depth > MAX_DEPTH:
-        raise BadInput(f"nested {depth} levels deep; a result file is at most {MAX_DEPTH}", file=str(path),
-                       fix="give a file written by `kbench run`")
+    data = read_result_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise BadInput("not a kbench result file (no `format: kbench-result`)", file=str(path),
-                       fix="give a file written by `kbench run`")
+        raise BadInput("not a kbench result file (no `format: kbench-result`)", file=str(path), fix=NOT_A_RESULT)
     data = migrate(data, file=str(path))
     fold_journal(path, data)
     validate(data, file=str(path))
+    check_unique(data["records"], file=str(path))
     return data
 
 
-class _NonFinite(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NonFinite(name)
-
-
-def _depth(data: Any) -> int:
-    """Nesting depth of parsed JSON, without recursion."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        obj, d = stack.pop()
-        if isinstance(obj, (dict, list)):
-            deepest = max(deepest, d)
-            if d <= MAX_DEPTH:  # beyond the limit the answer is already "too deep"
-                stack.extend((v, d + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
-    return deepest
+def check_unique(records: list[dict[str, Any]], *, file: str | None = None) -> None:
+    """Refuse two records of one (case, backend): every reader pairs records by it and would keep one of the
+    two silently (a file edited by hand, or two files merged)."""
+    seen: dict[tuple[str, str], int] = {}
+    for i, rec in enumerate(records):
+        key = (rec["case_id"], rec["backend"])
+        first = seen.setdefault(key, i)
+        if first != i:
+            raise BadInput(f"the same (case, backend) as records[{first}]: {key[1]} {key[0]}",
+                           file=file, where=f"records[{i}]",
+                           fix="keep one of the two (a run writes each pair once: the file was edited or merged)")
 
 
 def read_journal(path: Path, token: Any) -> list[tuple[int, dict[str, Any]]]:
     """The (index, record) entries of the journal beside the result file ``path`` that belongs to the file's
     writer ``token``. A journal of another writer (a crash between rewriting the file and starting the new
     journal) is ignored; a torn last line (a kill while it was written) is ignored with a
-    :class:`JournalNote`; any other damage is bad input naming the journal's line."""
+    :class:`JournalNote`; any other damage is bad input naming the journal's line. Read through the one
+    reader: a FIFO or device in its place is refused, its size limited like the file's."""
     jpath = journal_path(path)
-    try:
-        raw = jpath.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(jpath):
         return []
-    except OSError as exc:
-        raise BadInput(f"cannot read the result file's journal: {exc}", file=str(jpath),
-                       fix="check permissions") from None
+    raw = read_bytes(jpath, limit=MAX_RESULT_BYTES, what="journal", missing_fix="check the path")
     lines = raw.split(b"\n")
+    del raw
     torn = lines.pop()  # b"" when the journal ends with its newline
-    header = _journal_line(jpath, lines, 0) if lines else None
+    header = _journal_line(jpath, lines, 0, quiet=True) if lines else None
     if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT or header.get("file") != token \
             or not isinstance(token, str):
         return []
@@ -233,6 +242,10 @@ def read_journal(path: Path, token: Any) -> list[tuple[int, dict[str, Any]]]:
     entries = []
     for n in range(1, len(lines)):
         entry = _journal_line(jpath, lines, n)
+        lines[n] = b""  # parsed: its text is not needed any more
+        if isinstance(entry, dict) and "stopped" in entry and "i" not in entry:
+            entries.append((-1, entry))  # why the run stopped, written when the file itself could not be
+            continue
         if not (isinstance(entry, dict) and isinstance(entry.get("i"), int) and isinstance(entry.get("record"), dict)):
             raise BadInput("a journal line is not an entry {\"i\": N, \"record\": {...}}", file=str(jpath),
                            where=f"line {n + 1}", fix="the journal was edited; remove it to keep only the JSON file's records")
@@ -240,29 +253,38 @@ def read_journal(path: Path, token: Any) -> list[tuple[int, dict[str, Any]]]:
     return entries
 
 
-def _journal_line(jpath: Path, lines: list[bytes], n: int) -> Any:
+def _journal_line(jpath: Path, lines: list[bytes], n: int, *, quiet: bool = False) -> Any:
+    """Line ``n`` of a journal, parsed by the one reader (a complete line: damage, not a kill). ``quiet``: a
+    line that is not JSON is None (the header of a file that is not a journal at all)."""
+    fix = "the journal is damaged; remove it to keep only the JSON file's records"
     try:
-        return json.loads(lines[n], parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):  # a complete line (it ends in a newline): damage, not a kill
-        raise BadInput("a journal line is not valid JSON", file=str(jpath), where=f"line {n + 1}",
-                       fix="the journal is damaged; remove it to keep only the JSON file's records") from None
+        text = decode_text(lines[n], file=str(jpath), what="journal", fix=fix)
+        return parse_json(text, file=str(jpath), what="journal line", fix=fix, max_depth=MAX_DEPTH - 2)
+    except BadInput as exc:
+        if quiet:
+            return None
+        inner = exc.where or ""  # "line 1, column C" of the line alone: the column is the journal's too
+        where = f"line {n + 1}" + (inner[len("line 1"):] if inner.startswith("line 1,") else f" ({inner})" if inner else "")
+        raise BadInput(exc.message, file=str(jpath), where=where, fix=fix) from None
 
 
 def fold_journal(path: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """Append to ``data["records"]`` the journal's records the file does not hold yet (in place)."""
+    """Append to ``data["records"]`` the journal's records the file does not hold yet (in place); a note of
+    why the run stopped (written to the journal when the file could not be rewritten: a full disk) becomes
+    the file's ``interrupted``."""
     records = data.get("records")
     if not isinstance(records, list):
         return data
     for i, record in read_journal(Path(path), data.get("journal")):
+        if i == -1:
+            if not data.get("complete") and not data.get("interrupted") and isinstance(record.get("stopped"), str):
+                data["interrupted"] = record["stopped"]
+            continue
         if i < len(records):
             continue  # already in the file (a checkpoint was written after it)
         if i > len(records):
             raise BadInput(f"the journal skips from record {len(records)} to {i}", file=str(journal_path(Path(path))),
                            fix="the journal is damaged; remove it to keep only the JSON file's records")
-        depth = _depth(record)
-        if depth > MAX_DEPTH - 2:
-            raise BadInput(f"a journal record is nested {depth} levels deep", file=str(journal_path(Path(path))),
-                           fix="give a file written by `kbench run`")
         records.append(record)
     return data
 
@@ -324,11 +346,15 @@ def _json_default(obj: Any) -> Any:
 
 
 def sanitize(obj: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null."""
+    """JSON has no NaN or Infinity: store them as null. A string longer than every reader takes
+    (:data:`kbench.reader.MAX_STRING`: an exception's message of megabytes) is cut, saying so, so that kbench
+    never writes a file it refuses to read."""
     import math
 
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
+    if isinstance(obj, str):
+        return obj if len(obj) <= MAX_STRING else f"{obj[:MAX_STRING - 64]}... ({len(obj):,} characters, cut)"
     if isinstance(obj, dict):
         return {k: sanitize(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -336,6 +362,41 @@ def sanitize(obj: Any) -> Any:
             return list(obj)  # timing samples: thousands of finite floats, checked in C (a NaN or inf sums to one)
         return [sanitize(v) for v in obj]
     return obj
+
+
+def unmeasured_note(records: list[dict[str, Any]]) -> str | None:
+    """Why a finished run is not complete when the environment, not a backend, failed some records
+    (``cause: infrastructure``); None when every record is a measurement."""
+    spoiled = [r for r in records if r.get("cause") == "infrastructure"]
+    if not spoiled:
+        return None
+    reason = str(spoiled[0].get("reason") or "no reason given").splitlines()[0][:300]
+    return (f"{len(spoiled)} of {len(records)} records could not be measured because the environment failed "
+            f"(not the backends), e.g. {spoiled[0].get('backend')}: {reason}")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a file is being finished (in the main thread; elsewhere signals do not
+    arrive), then deliver them to the handlers that were there: a signal no longer cuts the last rewrite short,
+    and the command still ends as that signal says (130, 143)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 class ResultWriter:
@@ -355,6 +416,12 @@ class ResultWriter:
                  ) -> None:
         self.path = Path(path)
         # a new journal id per writer: a journal another writer of this path left is never folded in
+        header = sanitize(header)
+        hardware = header.get("hardware")
+        if isinstance(hardware, dict):  # a rate nobody knows is absent (readers divide by the ones present)
+            for key in ("peak_flops", "measured_flops"):
+                if isinstance(hardware.get(key), dict):
+                    hardware[key] = {k: v for k, v in hardware[key].items() if v is not None}
         self.data = {"format": FORMAT, "version": RESULT_VERSION, **header, "complete": False,
                      "journal": secrets.token_hex(8), "records": Records(records)}
         self.data.setdefault("created", now_iso())
@@ -385,7 +452,7 @@ class ResultWriter:
             journal_write(self._journal(), line)
         except OSError as exc:
             self._cut_journal()
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self._journal_size += len(line)
         self.written = len(self.data["records"])
         if self._checkpoint_due():
@@ -393,16 +460,25 @@ class ResultWriter:
 
     def finish(self, *, interrupted: str | None = None, extra: dict[str, Any] | None = None) -> None:
         """Mark the file complete (or interrupted), merge ``extra`` into the header, write it with every record
-        (the journal folded in and removed), release the lock."""
+        (the journal folded in and removed), release the lock.
+
+        A file some of whose records are ``cause: infrastructure`` (the environment failed: a worker that could
+        not start, no sandbox, the file-size limit) is not complete: those are not measurements, and
+        ``kbench run --resume`` measures them again once the environment is fixed (``interrupted`` says so).
+        Ctrl-C or SIGTERM while the file is written is held until it is written, then delivered."""
+        note = unmeasured_note(self.data["records"]) if interrupted is None else None
+        if note:
+            interrupted = f"{note}; once fixed, measure them with: kbench run --resume {self.path}"
         self.data["complete"] = interrupted is None
         self.data["interrupted"] = interrupted
         self.data.update(extra or {})
-        try:
-            self.flush(full=True)
-            self._close_journal(remove=True)
-        finally:
-            self._close_journal(remove=False)
-            release_result_lock(self.path)
+        with signals_held():
+            try:
+                self.flush(full=True)
+                self._close_journal(remove=True)
+            finally:
+                self._close_journal(remove=False)
+                release_result_lock(self.path)
 
     def flush(self, *, full: bool = False) -> None:
         """Rewrite the JSON file with every record (a checkpoint) and start the journal again."""
@@ -413,12 +489,12 @@ class ResultWriter:
         try:
             atomic_write_json(self.path, self.data)
         except OSError as exc:
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self.written = self._in_file = len(self.data["records"])
         try:  # the file holds every record now: the journal's entries are below its count, and skipped on read
             self._restart_journal()
         except OSError as exc:
-            raise self._write_error(exc) from None
+            raise self._stopped(exc) from None
         self._last_checkpoint = time.monotonic()
         self._checkpoint_cost = self._last_checkpoint - start
 
@@ -465,6 +541,20 @@ class ResultWriter:
                 pass  # its entries are all in the file now: a reader skips them
         os.close(self._fd)
         self._fd = None
+
+    def _stopped(self, exc: OSError) -> OutputError:
+        """The error that stops the run; first, where the journal still takes a line (the free end of its last
+        block, even on a full disk), why the run stopped: readers show it as the file's ``interrupted``."""
+        error = self._write_error(exc)
+        if self._fd is not None and self._journal_size:
+            why, _ = explain(exc)
+            line = json.dumps({"stopped": f"cannot write the result file: {why}"}).encode() + b"\n"
+            try:
+                journal_write(self._fd, line)
+                self._journal_size += len(line)
+            except OSError:
+                self._cut_journal()  # nothing more can be written: readers say "still running or killed"
+        return error
 
     def _write_error(self, exc: OSError) -> OutputError:
         if self.written is None and not self.path.exists():

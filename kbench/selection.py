@@ -101,6 +101,7 @@ class BackendPattern(str):
                 raise BadInput(f"cannot read the setting {part!r} in {text!r}", file=file, where=where,
                                fix="write settings as NAME[key=value,key=value], e.g. numpy-flash[block_q=64]")
             settings.append((key.strip(), parse_value(value.strip())))
+        _refuse_repeats(settings, text, file=file, where=where)
         return cls(match["base"].strip(), tuple(settings), exclude, file, where)
 
     @classmethod
@@ -111,7 +112,18 @@ class BackendPattern(str):
             return cls.parse(entry, file=file, where=where)
         base = cls.parse(str(entry["name"]), file=file, where=where)
         extra = tuple((str(k), v) for k, v in (entry.get("tunables") or {}).items())
+        _refuse_repeats(base.settings + extra, str(entry["name"]), file=file, where=where)
         return cls(base.pattern, base.settings + extra, base.exclude, file, where)
+
+
+def _refuse_repeats(settings, text: str, *, file: str | None, where: str | None) -> None:
+    """One value per setting: ``[block_q=16,block_q=32]`` would silently keep the last."""
+    seen: set[str] = set()
+    for key, _ in settings:
+        if key in seen:
+            raise BadInput(f"the setting {key!r} is given twice in {text!r}", file=file, where=where,
+                           fix=f"give {key} once (a backend runs with one value of each setting)")
+        seen.add(key)
 
 
 def parse_value(text: str) -> Any:

@@ -149,7 +149,7 @@ def suite_from_data(data: Any, *, path: str | None = None, lines: dict | None = 
         place = tuple(error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             allowed = set(error.schema.get("properties", {}))
-            extra = sorted(k for k in error.instance if k not in allowed)
+            extra = sorted((k for k in error.instance if k not in allowed), key=str)
             place += tuple(extra[:1])  # point at the offending key's own line
         raise BadInput(f"{_schema_message(error)}", file=path, where=describe_path(place, lines),
                        fix=_schema_fix(error))
@@ -158,6 +158,8 @@ def suite_from_data(data: Any, *, path: str | None = None, lines: dict | None = 
 
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
+    if "propertyNames" in error.schema_path:
+        return f"the key {error.instance!r} is not a name ({error.message})"
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key")
     return error.message

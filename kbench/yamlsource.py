@@ -26,14 +26,13 @@ from typing import Any
 import yaml
 
 from kbench.errors import BadInput
+from kbench.reader import MAX_DEPTH, MAX_INT_DIGITS, check_shape  # the one reader's limits, for YAML too
 
 #: largest YAML file kbench reads (bytes); a 10,000-case suite is well under 1 MiB
 MAX_BYTES = 16 * 2**20
 #: alias expansion allowed: nodes after expanding aliases <= MAX_EXPANSION x distinct nodes + EXPANSION_SLACK
 MAX_EXPANSION = 10
 EXPANSION_SLACK = 10_000
-#: deepest nesting kbench reads (its own files are under 8 levels deep)
-MAX_DEPTH = 64
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: whether the C (libyaml) parser is used
@@ -82,6 +81,9 @@ def _where(node: yaml.Node) -> str:
 
 def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
     text = loader.construct_scalar(node).replace("_", "")
+    if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+        raise BadInput(f"an integer of {len(text.lstrip('+-')):,} digits (at most {MAX_INT_DIGITS})", file=loader.source,
+                       where=_where(node), fix="give a realistic number")
     if text.startswith("0o"):
         return int(text[2:], 8)
     if text.startswith("0x"):
@@ -91,6 +93,9 @@ def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
 
 def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> float:
     text = loader.construct_scalar(node).replace("_", "")
+    if len(text) > 400:  # float() of a long text is quadratic-ish, and no setting needs one
+        raise BadInput(f"a number written with {len(text):,} characters", file=loader.source, where=_where(node),
+                       fix="give a realistic number")
     value = float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
     if not math.isfinite(value):
         raise BadInput(f"{text!r} is not a finite number", file=loader.source, where=_where(node),
@@ -195,6 +200,10 @@ def load_yaml_text(text: str, *, source: str | None = None) -> tuple[Any, dict[t
         lines: dict[tuple, int] = {}
         _index(node, lines, source)  # before construction: refuses deep nesting with its line
         data = loader.construct_document(node)
+        problem = check_shape(data)  # the limits every reader applies: strings, arrays (a suite goes into results)
+        if problem is not None:
+            raise BadInput(problem[0], file=source, where=describe_path(problem[1], lines),
+                           fix="shorten it: no suite needs one this long")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
@@ -210,20 +219,15 @@ def load_yaml_text(text: str, *, source: str | None = None) -> tuple[Any, dict[t
 
 
 def load_yaml(path: str | Path) -> tuple[Any, dict[tuple, int]]:
-    """The document in the file ``path`` and its line map (see :func:`load_yaml_text`)."""
+    """The document in the file ``path`` and its line map (see :func:`load_yaml_text`). Read through the one
+    reader (:mod:`kbench.reader`): a FIFO, device or directory is refused by its type before it is opened, and
+    the size is counted while reading (the size ``stat`` reports is not trusted)."""
+    from kbench.reader import read_text
+
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise BadInput(f"YAML file of {size:,} bytes is over the limit of {MAX_BYTES:,}", file=str(path),
-                           fix="split it (one suite per op or device), or use tied keys instead of listing every case")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput("file not found", file=str(path), fix="check the path") from None
-    except IsADirectoryError:
-        raise BadInput("is a directory, not a YAML file", file=str(path), fix="give the path of a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read: {exc}", file=str(path), fix="give a readable UTF-8 YAML file") from None
+    text = read_text(path, limit=MAX_BYTES, what="YAML file",
+                     limit_fix="split it (one suite per op or device), or use tied keys instead of listing every case",
+                     fix="give a readable UTF-8 YAML file")
     return load_yaml_text(text, source=str(path))
 
 

@@ -25,7 +25,7 @@ def header():
 
 
 def record(i, samples=4):
-    return {"backend": f"b{i}", "op": "attention", "case_id": f"attention[{i}]", "case": {"seqlen_q": i},
+    return {"backend": f"b{i}", "op": "attention", "case_id": f"attention[{i}]", "case": {"seqlen_q": i + 1},
             "device": "cpu", "status": "passed", "reason": None,
             "timing": {"samples": [1e-3 + k * 1e-7 for k in range(samples)], "stop_reason": "time_limit"}}
 
@@ -123,7 +123,7 @@ def test_a_damaged_line_before_the_last_is_bad_input_naming_the_journal_line(tmp
     jp.write_bytes(b"\n".join(lines))
     with pytest.raises(BadInput, match="not valid JSON") as err:
         load_result(path)
-    assert err.value.file == str(jp) and err.value.where == "line 3"
+    assert err.value.file == str(jp) and err.value.where.startswith("line 3, column ")
     release_result_lock(path)
 
 
@@ -200,3 +200,54 @@ def test_results_root(monkeypatch, tmp_path):
     assert str(results_root()) == "results"
     monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path))
     assert results_root() == tmp_path
+
+
+def test_a_full_disk_says_so_in_the_file_it_stopped(tmp_path, monkeypatch):
+    """The journal's last block takes one more short line even when the disk is full: readers show why the
+    run stopped (``interrupted``) instead of "still running or killed"."""
+    import errno
+
+    path = tmp_path / "r.json"
+    w = ResultWriter(path, header())
+    w.append(record(0))
+    real = results.journal_write
+
+    def full(fd, data):
+        if b'"record"' in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(results, "journal_write", full)
+    with pytest.raises(BadInput, match="the disk is full"):
+        w.append(record(1))
+    release_result_lock(path)
+    data = load_result(path)
+    assert data["complete"] is False and data["interrupted"] == "cannot write the result file: the disk is full"
+    assert [r["backend"] for r in data["records"]] == ["b0"]
+
+
+def test_a_signal_while_the_file_is_finished_waits_for_it(tmp_path, monkeypatch):
+    """SIGTERM during the last rewrite: the rewrite completes, then the handler that was there runs."""
+    path = tmp_path / "r.json"
+    w = ResultWriter(path, header())
+    w.append(record(0))
+    real = results.atomic_write_json
+    seen = []
+
+    def write_then_signal(target, data):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the final write
+        real(target, data)
+
+    def handler(signum, frame):
+        seen.append(json.loads(path.read_text())["complete"])
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        monkeypatch.setattr(results, "atomic_write_json", write_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            w.finish()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert seen == [True]  # the handler ran once, after the file was complete
+    assert load_result(path)["complete"] is True and not journal_path(path).exists()

@@ -15,3 +15,12 @@ def keep_matching(keyword: Any, records: list[dict[str, Any]], *, file: str, opt
                        fix=f"a record is a backend ({records[0]['backend']}) and a case id ({records[0]['case_id']}); "
                            "words match parts of either")
     return kept
+
+
+def warn_skipped(skipped: list[Any]) -> None:
+    """One warning per result file a history command left out (the reader refused it): the file, the place,
+    what is wrong and the fix, as the error would have said it. The other files are still read."""
+    import click
+
+    for exc in skipped:
+        click.echo(f"kbench: warning: skipped {exc.format()}", err=True)

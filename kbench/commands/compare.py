@@ -10,6 +10,32 @@ from kbench.compare import CHANGED, SORTS
 from kbench.tables import FORMATS
 
 
+#: a --baseline table has a row per case and a column per backend; beyond this many cells per record it is
+#: mostly empty (backends that ran on different cases), and its size would grow with the square of the file
+MAX_CELLS_PER_RECORD = 8
+MAX_CELLS = 20_000
+
+
+def check_baseline_table(data, baseline: str, *, file: str, dense: bool) -> None:
+    """Refuse, before any statistics, a --baseline that is not in the file (naming a few that are) and a table
+    whose cases x backends would be mostly empty: its text would grow with the square of the records."""
+    from kbench.errors import BadInput
+    from kbench.record import as_records
+
+    records = as_records(data["records"])
+    backends = list(dict.fromkeys(r.backend for r in records))
+    if baseline not in backends:
+        shown = ", ".join(b if len(b) <= 60 else b[:57] + "..." for b in backends[:12])
+        more = f" and {len(backends) - 12:,} more" if len(backends) > 12 else ""
+        raise BadInput(f"backend {baseline[:200]!r} is not in this result", file=file, where="--baseline",
+                       fix=f"use one of: {shown}{more}")
+    cells = len({r.case_id for r in records}) * len(backends)
+    if dense and cells > max(MAX_CELLS, MAX_CELLS_PER_RECORD * len(records)):
+        raise BadInput(f"the table would have {cells:,} cells for {len(records):,} records: the backends ran on "
+                       "different cases, so most of it would be empty", file=file, where="--baseline",
+                       fix="narrow it with -k to cases the backends share, or use --format json (one entry per pair)")
+
+
 @click.command("compare")
 @click.argument("results", nargs=-1, required=True)
 @click.option("--baseline", metavar="BACKEND",
@@ -76,6 +102,7 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
         if len(data) != 1:
             raise BadInput(f"--baseline compares the backends of one result; got {len(data)} files",
                            where="RESULTS", fix="give one result file with --baseline, or two files without it")
+        check_baseline_table(data[0], baseline, file=results[0], dense=fmt != "json")
         table = speedup_vs_baseline(data[0], baseline, group_key_for(pm.registry), settings, file=results[0])
         if text:
             click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise, '(n=a/b)' = too few "
@@ -98,6 +125,12 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
     if why and not allow_different_machines:
         check_same_machine(base, new, base_file=results[0], new_file=results[1])
     pairs = compare_runs(base, new, settings)
+    if not any(p.base is not None and p.new is not None for p in pairs):  # a table of "x" rows compares nothing
+        only = Counter("base" if p.new is None else "new" for p in pairs)
+        raise BadInput(f"the two results have no (case, backend) in common ({only['base']} records only in "
+                       f"{results[0]}, {only['new']} only in {results[1]}): there is nothing to compare",
+                       where="RESULTS", fix="compare two runs of one suite and backend selection, or narrow both "
+                                            "with -k to what they share")
     shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
     skipped_both: dict[str, set[str]] = {}
     if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case

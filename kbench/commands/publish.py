@@ -72,8 +72,15 @@ def publish_command(results_dirs, output, repo, mix_machines, lineages, results_
     if commit_url and "{commit}" not in commit_url:
         raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
                        fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
-                                 cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs)
+    from kbench.commands import warn_skipped
+
+    skipped: list = []  # a damaged file is reported and left out; the history goes on without it
+    try:
+        runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
+                                     cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs,
+                                     skipped=skipped)
+    finally:
+        warn_skipped(skipped)
     lins = load_lineages(lineages) if lineages else []
     links = Links(output, results_url, Path(results_dirs[0]) if results_url else None, commit_url)
     counts = write_site(output, hists, lins, links, _compare_latest(keyword))

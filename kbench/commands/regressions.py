@@ -60,8 +60,15 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
 
     limit = parse_threshold(threshold)
     repo = repo or default_repo(results_dirs)
-    runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
-                                 cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs)
+    from kbench.commands import warn_skipped
+
+    skipped: list = []  # a damaged file is reported and left out; the history goes on without it
+    try:
+        runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
+                                     cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs,
+                                     skipped=skipped)
+    finally:
+        warn_skipped(skipped)
     start = resolve_since(since, runs, repo) if since else None
     found, unconfirmed = [], []
     for h in hists:

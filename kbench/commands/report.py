@@ -6,6 +6,11 @@ from pathlib import Path
 import click
 
 
+#: most series (backend x run) one report draws: beyond, the lines cannot be told apart, and each costs memory
+#: and seconds on every panel (1,000 series of 1,000-character names took 1 GB and minutes)
+MAX_SERIES = 100
+
+
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
@@ -20,6 +25,7 @@ def report_command(pm, results, output, fmt, baseline, keyword):
     """Write a report of one or more result files (several runs: each run's backends are separate series,
     and the changes from the first run to each other are tabled)."""
     from kbench.compare import group_key_for, machine_mismatch
+    from kbench.errors import BadInput
     from kbench.report import build_figures, label_runs, pick_baseline, render_html, write_pngs
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -36,6 +42,11 @@ def report_command(pm, results, output, fmt, baseline, keyword):
     datas = [load_result(p) for p in results]
     for path, d in zip(results, datas):
         d["records"] = keep_matching(kw, d["records"], file=path)
+    series = {(i, r["backend"]) for i, d in enumerate(datas) for r in d["records"] if r["status"] == "passed"}
+    if len(series) > MAX_SERIES:  # each is a line, a legend entry and a colour on every panel: refused up front
+        raise BadInput(f"the report would draw {len(series):,} series (backends x runs; at most {MAX_SERIES})",
+                       file=results[0] if len(results) == 1 else None, where="RESULTS",
+                       fix="narrow it with -k to the backends to look at, or give fewer runs")
     runs = label_runs(results, datas)
     for run in runs[1:]:
         why = machine_mismatch(runs[0].data, run.data)

@@ -11,6 +11,15 @@ from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
 
 
+def _finite_seconds(ctx, param, value):
+    """A finite number of seconds: click's FloatRange lets ``nan`` (every comparison is false) and ``inf`` by."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds; give a finite number, e.g. 60")
+    return value
+
+
 def _is_kernel_file(pattern: str) -> bool:
     return pattern.endswith(".py") or Path(pattern).is_file()
 
@@ -29,7 +38,7 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="Run trusted backends in a worker process (--no-isolate: in this process, for debugging). "
                    "Untrusted backends and kernel files always run in sandboxed workers.")
-@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", callback=_finite_seconds,
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
@@ -66,8 +75,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
     (including -k matching nothing, an existing -o file without --force, a result file another run is
-    writing, or a result file that cannot be written: the message says what it still holds), 130 when
-    interrupted (Ctrl-C) and 143 when terminated (SIGTERM); an interrupted run is finished with
+    writing, a result file that cannot be written: the message says what it still holds, and records the
+    environment could not measure: a file-size limit, no sandbox), 130 when interrupted (Ctrl-C) and 143
+    when terminated (SIGTERM), also while the file is being finished; an interrupted run is finished with
     `kbench run --resume RESULT`.
     """
     from kbench.errors import BadInput
@@ -124,6 +134,11 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     hint = traceback_hint(writer.records, planned.output)
     if hint:
         click.echo(hint, err=True)
+    if not writer.data["complete"]:  # records the environment spoiled: exit 2, the file waits for --resume
+        from kbench.results import unmeasured_note
+
+        raise BadInput(unmeasured_note(writer.records) or str(writer.data["interrupted"]), file=str(planned.output),
+                       fix=f"fix the environment as the records' reasons say, then: kbench run --resume {planned.output}")
     sys.exit(exit_code(writer.records))
 
 

@@ -16,12 +16,14 @@ from kbench.history.series import History, histories
 
 def load_histories(paths: Sequence[str | Path], *, repo: Path | None = None, mix_machines: bool = False,
                    keyword: str | None = None, cache: Path | None = None,
-                   jobs: int | None = None) -> tuple[list[Run], list[History]]:
+                   jobs: int | None = None, skipped: list | None = None) -> tuple[list[Run], list[History]]:
     """Runs under ``paths`` (commit dates from ``repo``, default the git tree holding them) and their
-    histories, keeping only the records whose backend/case match ``keyword`` (``-k``)."""
+    histories, keeping only the records whose backend/case match ``keyword`` (``-k``). ``skipped``: collects
+    the files the reader refuses instead of raising the first (see :func:`kbench.history.runs.load_runs`)."""
     from kbench.selection import Keyword
 
-    runs = load_runs(paths, repo=repo if repo is not None else default_repo(paths), cache=cache, jobs=jobs)
+    runs = load_runs(paths, repo=repo if repo is not None else default_repo(paths), cache=cache, jobs=jobs,
+                     skipped=skipped)
     kw = Keyword(keyword)
     if keyword:
         for r in runs:

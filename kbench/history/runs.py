@@ -9,7 +9,6 @@ repository, else by the time the run started.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from kbench.enums import Status
 from kbench.errors import BadInput
 from kbench.record import records_of
+from kbench.reader import read_head, read_json
 from kbench.results import FORMAT, load_result
 
 #: machine description keys that name the host rather than describe the hardware
@@ -133,21 +133,16 @@ def reduce_result(path: Path, data: Mapping[str, Any]) -> Run:
 
 
 def _is_result_file(path: Path) -> bool:
-    """A JSON file that says it is a kbench result (calibrations and other JSON beside results are not)."""
+    """A JSON file that says it is a kbench result (calibrations and other JSON beside results are not), or
+    one that cannot tell (damaged, not JSON, not a regular file): :func:`load_result` then says what is wrong."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return False
-    # `format` is written first by kbench, but a hand-formatted file may order keys otherwise: parse then
-    if f'"format": "{FORMAT}"' in head or f'"format":"{FORMAT}"' in head:
+        head = read_head(path, 4096)
+    except BadInput:
+        return True  # a FIFO, a device, unreadable: reported (and skipped) by the reader, never opened here
+    # `format` is written first by kbench; a hand-formatted file may order keys otherwise: then load_result judges
+    if f'"format": "{FORMAT}"'.encode() in head or f'"format":"{FORMAT}"'.encode() in head:
         return True
-    if '"format"' in head:
-        return False
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (ValueError, OSError, AttributeError):
-        return True  # damaged: let load_result say what is wrong with it
+    return b'"format"' not in head
 
 
 def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -155,10 +150,10 @@ def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     for arg in paths:
         p = Path(arg)
-        if p.is_file():
-            found.append(p)
-        elif p.is_dir():
+        if p.is_dir():
             found.extend(f for f in sorted(p.rglob("*.json")) if not f.name.startswith(".") and _is_result_file(f))
+        elif os.path.lexists(p):
+            found.append(p)  # a file, or something that is not one: the reader says which
         else:
             raise BadInput("no such file or directory", file=str(p),
                            fix="give directories of result files (e.g. results/) or result files")
@@ -236,7 +231,10 @@ def run_from_json(d: Mapping[str, Any], cases: Mapping[str, Any]) -> Run:
 
 
 def _file_key(path: Path) -> str:
-    st = path.stat()
+    try:
+        st = path.stat()
+    except OSError:
+        return f"{path}|unreadable"
     return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
@@ -249,52 +247,77 @@ def _read_one(path: Path) -> Run | BadInput:
         return exc
 
 
-def _read_all(files: Sequence[Path], jobs: int) -> list[Run]:
+def _read_all(files: Sequence[Path], jobs: int) -> list[Run | BadInput]:
     """Read and validate files, in ``jobs`` processes when there are many (validation is the cost)."""
     if jobs <= 1 or len(files) < 16:
-        results = [_read_one(f) for f in files]
-    else:
-        import concurrent.futures as cf
-        import multiprocessing
+        return [_read_one(f) for f in files]
+    import concurrent.futures as cf
+    import multiprocessing
 
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            results = list(pool.map(_read_one, files, chunksize=max(1, len(files) // (8 * jobs))))
-    for r in results:
-        if isinstance(r, BadInput):
-            raise BadInput(r.message, file=r.file, where=r.where, fix=r.fix)
-    return results  # type: ignore[return-value]
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        results = list(pool.map(_read_one, files, chunksize=max(1, len(files) // (8 * jobs))))
+    return [BadInput(r.message, file=r.file, where=r.where, fix=r.fix) if isinstance(r, BadInput) else r
+            for r in results]
+
+
+def _read_cache(cache: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cache's runs and cases; a cache that is missing, damaged or not a regular file is empty (it only
+    makes the command slower)."""
+    if not os.path.lexists(cache):
+        return {}, {}
+    try:
+        doc = read_json(cache, what="history cache")
+        if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION \
+                and isinstance(doc.get("runs"), dict) and isinstance(doc.get("cases"), dict):
+            return doc["runs"], doc["cases"]
+    except BadInput:
+        pass
+    return {}, {}
+
+
+def _cached_run(entry: Any, cases: Mapping[str, Any]) -> Run | None:
+    try:
+        return run_from_json(entry, cases)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # an entry of another layout, or edited: the file is read again
 
 
 def load_runs(paths: Sequence[str | Path], *, repo: Path | None = None, cache: Path | None = None,
-              jobs: int | None = None) -> list[Run]:
+              jobs: int | None = None, skipped: list[BadInput] | None = None) -> list[Run]:
     """Every run under ``paths``, read and reduced, with commit dates from ``repo``, in history order.
 
     ``cache``: a JSON file of reduced runs keyed by path, size and modification time, so a nightly
     publish reads only the new result files (reading validates every file against the schema, which
     is most of the cost; see ``default_cache``). ``jobs``: processes that read files (default: one per CPU).
+    ``skipped``: a file the reader refuses (damaged, not a result, a FIFO...) is added to this list with why,
+    and left out; without the list, the first one is raised. A history with no readable run is bad input.
     """
     files = find_result_files(paths)
-    cached: dict[str, Any] = {}
-    cases: dict[str, Any] = {}
-    if cache is not None and cache.is_file():
-        try:
-            doc = json.loads(cache.read_text(encoding="utf-8"))
-            if doc.get("version") == CACHE_VERSION:
-                cached, cases = doc["runs"], doc["cases"]
-        except (ValueError, OSError, KeyError, TypeError):
-            cached, cases = {}, {}  # a damaged cache is only a slower publish
+    cached, cases = _read_cache(cache) if cache is not None else ({}, {})
     keys = [_file_key(f) for f in files]
-    missing = [f for f, k in zip(files, keys) if k not in cached]
+    known = {k: _cached_run(cached[k], cases) for k in keys if k in cached}
+    missing = [f for f, k in zip(files, keys) if known.get(k) is None]
     fresh = dict(zip((_file_key(f) for f in missing), _read_all(missing, jobs or os.cpu_count() or 1)))
-    runs = [fresh[k] if k in fresh else run_from_json(cached[k], cases) for k in keys]
-    for f, r in zip(files, runs):
+    runs, kept_keys = [], []
+    for f, k in zip(files, keys):
+        r = fresh[k] if k in fresh else known[k]
+        if isinstance(r, BadInput):
+            if skipped is None:
+                raise r
+            skipped.append(r)
+            continue
         r.path = f  # the path as given (links are made relative to it), whatever the cache stored
-    if cache is not None and fresh:
+        runs.append(r)
+        kept_keys.append(k)
+    if not runs:
+        raise BadInput(f"none of the {len(files)} result files could be read (each is named with why)",
+                       where="RESULTS_DIR", fix="repair or remove them, or give other result files")
+    if cache is not None and any(not isinstance(v, BadInput) for v in fresh.values()):
         from kbench.results import atomic_write_json
 
         cases = {}
-        stored = {k: run_to_json(r, cases) for k, r in zip(keys, runs)}
+        stored = {k: run_to_json(r, cases) for k, r in zip(kept_keys, runs)}
         try:
             atomic_write_json(cache, {"version": CACHE_VERSION, "cases": cases, "runs": stored})
         except OSError:

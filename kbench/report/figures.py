@@ -215,7 +215,7 @@ def speedup(table, palette: Mapping[str, str]) -> Figure | None:
             hi.append(max((s.ci_high or s.speedup) - s.speedup, 0.0))
             alpha.append(1.0 if s.significant else 0.4)
             values += [s.ci_low or s.speedup, s.ci_high or s.speedup]
-        color = palette.get(b, PALETTE[i])
+        color = palette.get(b, PALETTE[i % len(PALETTE)])
         bars = ax.barh(ys, [v - 1 for v in vals], left=1, height=height * 0.9, color=color)
         handles.append(Patch(color=color, label=f"{b} (geomean {fmt_speedup(table.overall_geomean(b)) or 'n/a'})"))
         for bar, a in zip(bars, alpha):

@@ -400,6 +400,44 @@ def environment_changes(was: dict[str, Any], now: dict[str, Any]) -> dict[str, d
     return changes
 
 
+def measuring_plugins(pm: PluginManager, data: dict[str, Any], kernel_files: Iterable[Any] = ()) -> dict[str, str]:
+    """The plugins whose code measures a result file's records: the owners of its op, its device, every backend
+    of its selection and records (a configured ``name[k=v]`` by its base name) and the substrates of its kernel
+    files, each with what it provides (``{"torch": "backend torch-sdpa"}``). A change of any other plugin (one
+    installed since, say) changes nothing measured."""
+    reg = pm.registry
+    provides: dict[str, list[str]] = {}
+
+    def note(kind: str, name: str) -> None:
+        owner = reg.owners.get((kind, name))
+        if owner is not None:
+            provides.setdefault(owner, []).append(f"{kind} {name}")
+
+    note("op", str((data.get("suite") or {}).get("data", {}).get("op", "attention")))
+    note("device", str(data.get("device")))
+    names = [*((data.get("selection") or {}).get("backends") or []), *(r.get("backend") for r in data["records"])]
+    for name in dict.fromkeys(str(n).split("[", 1)[0] for n in names):
+        note("backend", name)
+    for ref in kernel_files:
+        note("substrate", getattr(getattr(ref, "substrate", None), "name", ""))
+    return {owner: ", ".join(dict.fromkeys(what)) for owner, what in provides.items()}
+
+
+def resume_blockers(pm: PluginManager, data: dict[str, Any], kernel_files: Iterable[Any] = ()) -> list[str]:
+    """Why the records of ``data`` and the ones a resume would add here could not stand side by side: another
+    kbench or Python, or another version of a plugin that measures them (:func:`measuring_plugins`), each
+    said in words. Empty: a resume adds comparable records (other changes are recorded in ``resumes``)."""
+    changes = environment_changes(data["environment"], environment(pm))
+    measuring = measuring_plugins(pm, data, kernel_files)
+    why = [f"{k}: {c['was']} -> {c['now']}" for k, c in changes.items() if k in COMPARED_ENVIRONMENT]
+    for key, c in changes.items():
+        name = key[len("plugins."):] if key.startswith("plugins.") else None
+        if name in measuring:
+            why.append(f"plugin {name!r} ({measuring[name]}): {c['was'] or 'not installed'} -> "
+                       f"{c['now'] or 'not installed'}")
+    return why
+
+
 def resume_request(pm: PluginManager, path: str | Path, *,
                    allow_different_machine: bool = False) -> tuple[RunRequest, list[dict[str, Any]]]:
     """The request that made the result file ``path`` (same suite, device and selection) and its records.
@@ -411,24 +449,23 @@ def resume_request(pm: PluginManager, path: str | Path, *,
     data = load_result(path)  # validated to the leaves before anything is rewritten
     device_name = data.get("device", "auto")
     here = pm.registry.device(device_name).machine_id() if device_name in pm.registry.devices else None
+    sel = data.get("selection") or {}
+    kernel_files = list(sel.get("kernel_files") or [])
+    settings = dict(sel.get("kernel_settings") or {})
+    refs = [KernelFileRef(p, pm.registry, settings=settings.get(p)) for p in kernel_files]
     if not allow_different_machine:
         why = []
         if here != data["machine"]["id"]:
             why.append(f"it was made on {data['machine']['id']!r}, this is {here or 'a machine without ' + device_name!r}")
-        changes = environment_changes(data["environment"], environment(pm))
-        why += [f"{k}: {c['was']} -> {c['now']}" for k, c in changes.items() if k in COMPARED_ENVIRONMENT
-                or k.startswith("plugins.")]
+        why += resume_blockers(pm, data, refs)
         if why:
-            raise BadInput("refusing to resume a run from another machine or environment: " + "; ".join(why),
-                           file=str(path), where="--resume",
+            raise BadInput("refusing to resume: the records it holds and the ones a resume would add here would not "
+                           "be comparable: " + "; ".join(why), file=str(path), where="--resume",
                            fix="resume it where it was made, start a new run, or add --allow-different-machine "
                                "(recorded in the file)")
     suite_info = data["suite"]
     suite = suite_from_data(suite_info["data"], path=suite_info.get("path"))
-    sel = data.get("selection") or {}
-    kernel_files = list(sel.get("kernel_files") or [])
-    settings = dict(sel.get("kernel_settings") or {})
-    file_names = {KernelFileRef(p, pm.registry, settings=settings.get(p)).name for p in kernel_files}
+    file_names = {ref.name for ref in refs}
     patterns = [b for b in sel.get("backends") or [] if b not in file_names]
     req = RunRequest(suite=suite, device=data.get("device", "auto"), backend_patterns=patterns,
                      kernel_files=kernel_files, keyword=sel.get("keyword"), output=Path(path),
@@ -438,7 +475,9 @@ def resume_request(pm: PluginManager, path: str | Path, *,
                      max_cases=sel.get("max_cases", MAX_CASES),
                      resumed_from={k: v for k, v in data.items() if k != "records"},
                      allow_different_machine=allow_different_machine)
-    return req, list(data["records"])
+    # records the environment spoiled (a worker that could not start, the file-size limit...) are not
+    # measurements: the resume runs them again
+    return req, [r for r in data["records"] if r.get("cause") != "infrastructure"]
 
 
 def exit_code(records: Iterable[dict[str, Any] | Record]) -> int:

@@ -39,12 +39,13 @@ def evolve_group():
 def init_command(pm, name, seed, suite, workspace, device):
     """Create lineage NAME from a seed kernel; the seed, measured on SUITE, becomes v1."""
     from kbench_evolve.fitness import Evaluator
-    from kbench_evolve.store import Lineage, workspace_root
+    from kbench.api import read_text
+    from kbench_evolve.store import META_BYTES, Lineage, workspace_root
 
     ws = workspace_root(workspace)
     lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
     try:
-        source = seed.read_text(encoding="utf-8")
+        source = read_text(seed, limit=META_BYTES, what="seed kernel")
         with lineage.hold():
             m = _measure_or_explain(Evaluator(pm, lineage.current_suite(), lineage.scratch("runs"), device=device),
                                     seed, "seed")

@@ -92,5 +92,7 @@ def make_provider(script: list[dict[str, Any]], position_file: Path | None = Non
 
 
 def install_script(path: str | Path, position_file: Path | None = None):
-    script = json.loads(Path(path).read_text(encoding="utf-8"))
+    from kbench.api import read_json
+
+    script = read_json(path, limit=64 * 2**20, what="LLM script")
     return make_provider(script, position_file)

@@ -41,7 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso
+from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso, parse_json, read_json, read_text
+
+#: largest lineage file read (version.json, lineage.json), and the largest that grows with a run (state.json
+#: with the agent's conversation, attempts.jsonl, memory.md); kernel sources as kbench reads suites
+META_BYTES = 16 * 2**20
+LOG_BYTES = 256 * 2**20
 
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -75,13 +80,15 @@ def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    """Every line of a JSONL log, through the core's reader (its limits: a FIFO or device is refused by type);
+    a line that is not JSON (torn by a kill mid-append) is skipped."""
+    if not os.path.lexists(path):
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path, limit=LOG_BYTES, what="log").splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            out.append(parse_json(line, file=str(path), what="log line"))
+        except BadInput:
             continue  # a torn line from a kill mid-append
     return out
 
@@ -102,7 +109,7 @@ class Version:
 
     @property
     def source(self) -> str:
-        return self.kernel_path.read_text(encoding="utf-8")
+        return read_text(self.kernel_path, limit=META_BYTES, what="kernel source")
 
     @property
     def geomean(self) -> float:
@@ -144,7 +151,7 @@ class Lineage:
         the lineage, as versions record it."""
         import hashlib
 
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, limit=META_BYTES, what="suite file")
         name = f"{hashlib.sha256(text.encode()).hexdigest()[:12]}-{Path(path).name}"
         target = self.root / "suites" / name
         if not target.is_file():
@@ -223,7 +230,7 @@ class Lineage:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return json.loads((self.root / "lineage.json").read_text(encoding="utf-8"))
+        return read_json(self.root / "lineage.json", limit=META_BYTES, what="lineage file")
 
     # -- versions ---------------------------------------------------------------------------
 
@@ -234,7 +241,8 @@ class Lineage:
             for p in vdir.iterdir():
                 m = VERSION_DIR.match(p.name)
                 if m and (p / "version.json").is_file():
-                    out.append(Version(int(m.group(1)), p, json.loads((p / "version.json").read_text("utf-8"))))
+                    out.append(Version(int(m.group(1)), p, read_json(p / "version.json", limit=META_BYTES,
+                                                                     what="version file")))
         return sorted(out, key=lambda v: v.number)
 
     def version(self, ref: str | int | None = None) -> Version:
@@ -294,7 +302,7 @@ class Lineage:
 
     def load_state(self) -> dict[str, Any] | None:
         path = self.root / "state.json"
-        return json.loads(path.read_text("utf-8")) if path.is_file() else None
+        return read_json(path, limit=LOG_BYTES, what="state file") if os.path.lexists(path) else None
 
     def save_state(self, state: dict[str, Any] | None) -> None:
         path = self.root / "state.json"
@@ -308,7 +316,7 @@ class Lineage:
         return self.root / "memory.md"
 
     def read_memory(self) -> str:
-        return self.memory_path.read_text("utf-8") if self.memory_path.is_file() else ""
+        return read_text(self.memory_path, limit=LOG_BYTES, what="memory file") if os.path.lexists(self.memory_path) else ""
 
     def write_memory(self, text: str) -> None:
         atomic_write_text(self.memory_path, text)

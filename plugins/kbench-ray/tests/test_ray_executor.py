@@ -142,7 +142,9 @@ def test_bad_address_is_a_clean_message(tmp_path):
 
 def test_a_node_that_cannot_measure_gives_error_records_naming_why(cluster, tmp_path):
     out = tmp_path / "r.json"  # no GPU here: every node fails to open the cuda device, and says so
-    run_cli(SMOKE, "--device", "cuda", "-b", "cupy", "-k", "d=64 and fp16", "-o", str(out), *RAY)
+    res = CliRunner().invoke(cli, ["run", SMOKE, "--device", "cuda", "-b", "cupy", "-k", "d=64 and fp16", "-o",
+                                   str(out), *RAY, "--no-progress"])
+    assert res.exit_code == 2, res.output  # the environment's failure: the file waits for --resume
     (rec,) = load_result(out)["records"]
     assert rec["status"] == "error" and rec["cause"] == "infrastructure" and "attempts" not in rec
     assert rec["reason"].startswith("the Ray node on ") and "device 'cuda' is not available" in rec["reason"]

@@ -173,7 +173,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.ops.inputs import unit_variance as unit_variance_input
     from kbench.plugins import PluginWarning, get_plugin_manager
     from kbench.record import Record, records_of
-    from kbench.results import load_result
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.source import parse_source
     from kbench.calibrate import MatmulSpec

@@ -74,7 +74,7 @@ def check_regular(path: str | Path, *, what: str = "file", missing_fix: str = "c
             kind, why = "not a regular file", "it is not a file kbench can read"
         shown = f"{kind} (through a link to {os.path.realpath(path)})" if os.path.islink(path) else kind
         raise BadInput(f"is {shown}, not a {what}: {why}", file=str(path),
-                       fix=f"give the path of a regular file" + (" inside it" if stat.S_ISDIR(st.st_mode) else ""))
+                       fix="give the path of a regular file" + (" inside it" if stat.S_ISDIR(st.st_mode) else ""))
     return st
 
 

@@ -176,10 +176,12 @@ def check_schema(data: Any, schema: Mapping[str, Any], *, file: str | None, line
                    where=describe_path(tuple(error.absolute_path), dict(lines or {})), fix=fix)
 
 
-def profiles_from_data(data: Any, *, file: str | None = None,
-                       lines: Mapping[tuple, int] | None = None) -> list[HardwareProfile]:
-    """Hardware profiles from a parsed profile file (units as in kbench/data/hardware.yaml)."""
-    check_schema(data, PROFILE_FILE_SCHEMA, file=file, lines=lines, what="hardware profile file")
+def profiles_from_data(data: Any, *, file: str | None = None, lines: Mapping[tuple, int] | None = None,
+                       check: bool = True) -> list[HardwareProfile]:
+    """Hardware profiles from a parsed profile file (units as in kbench/data/hardware.yaml); ``check=False``
+    skips the schema for the file kbench ships (checked by its tests: every start-up need not import jsonschema)."""
+    if check:
+        check_schema(data, PROFILE_FILE_SCHEMA, file=file, lines=lines, what="hardware profile file")
     out = []
     for item in data["profiles"]:
         def scaled(key: str) -> float | None:
@@ -219,6 +221,6 @@ def load_profiles(path: str) -> list[HardwareProfile]:
     return parse_yaml_file(path, profiles_from_data)
 
 
-def builtin_profiles() -> list[HardwareProfile]:
-    """The datasheet profiles shipped in kbench/data/hardware.yaml."""
-    return parse_package_data("hardware.yaml", profiles_from_data)
+def builtin_profiles(*, check: bool = False) -> list[HardwareProfile]:
+    """The datasheet profiles shipped in kbench/data/hardware.yaml (``check``: against the file schema too)."""
+    return parse_package_data("hardware.yaml", lambda data, file: profiles_from_data(data, file=file, check=check))

@@ -26,9 +26,7 @@ import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
-
-import jsonschema
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from kbench.errors import BadInput, OutputError
 from kbench.record import Record
@@ -36,6 +34,9 @@ from kbench.outputs import (atomic_write, current_umask, explain, hold_result_lo
                             release_result_lock)
 from kbench.reader import (MAX_DEPTH, MAX_RESULT_BYTES, MAX_STRING, decode_text, parse_json, path_text, read_bytes,
                            read_json)
+
+if TYPE_CHECKING:  # jsonschema is imported where a file is validated (start-up stays light)
+    import jsonschema
 
 RESULT_VERSION = 2
 FORMAT = "kbench-result"
@@ -108,6 +109,8 @@ def _validators(plain_samples: bool) -> tuple[jsonschema.Draft202012Validator, j
 
     ``plain_samples``: ``timing.samples`` is only checked to be an array, for data whose samples
     :func:`_plain_samples` has already checked item by item (a few thousand per record, the bulk of the work)."""
+    import jsonschema
+
     schema = copy.deepcopy(result_schema())
     defs = schema.get("$defs", {})
     if plain_samples:
@@ -164,6 +167,8 @@ def schema_message(error: jsonschema.ValidationError) -> str:
 def validate(data: dict[str, Any], *, file: str | None = None) -> None:
     records = data.get("records") if isinstance(data, dict) else None
     plain = _plain_samples(records) if isinstance(records, list) else False
+    import jsonschema
+
     error = jsonschema.exceptions.best_match(_validators(plain)[0].iter_errors(data))
     if error is not None:
         raise BadInput(f"invalid result file: {schema_message(error)}", file=file, where=_where(error),
@@ -171,6 +176,8 @@ def validate(data: dict[str, Any], *, file: str | None = None) -> None:
 
 
 def validate_record(record: dict[str, Any], *, file: str | None = None) -> None:
+    import jsonschema
+
     error = jsonschema.exceptions.best_match(_validators(_plain_samples([record]))[1].iter_errors(record))
     if error is not None:
         where = _where(error)

@@ -114,3 +114,10 @@ def test_cpu_profile_from_machine_description(registry):
     assert p.kind == "cpu" and p.peak_flops == {} and p.bandwidth is None
     assert p.capacity is None or p.capacity > 2**28          # /proc/meminfo MemTotal, in bytes
     assert "cores" in p.title
+
+
+def test_the_shipped_profiles_match_the_profile_file_schema():
+    """Start-up reads kbench/data/hardware.yaml without the schema; this test holds the shipped file to it."""
+    from kbench.hardware import builtin_profiles
+
+    assert builtin_profiles(check=True) == builtin_profiles()

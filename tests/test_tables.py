@@ -94,7 +94,7 @@ def test_status_summary_counts_records_below_min_samples():
 def test_kbench_run_summary_counts_records_below_min_samples(tmp_path):
     suite = tmp_path / "few.yaml"
     suite.write_text("version: 1\nname: few\nop: attention\nbackends: [numpy]\n"
-                     "timing: {warmup_time: 0, min_samples: 1000, min_time: 0, max_time: 0.02}\n"
+                     "timing: {warmup_time: 0, min_samples: 1000, min_time: 0, max_time: 0.002}\n"
                      "grid: [{batch: 1, seqlen: 32, heads: 2, head_dim: 16, causal: false, dtype: fp32}]\n")
     res = CliRunner().invoke(cli, ["run", str(suite), "--no-isolate", "--progress", "-o", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output

@@ -118,7 +118,7 @@ def test_untrusted_samples_must_explain_the_parent_time(kbench_pm, kbench_case):
     honest_rec = _judge(kbench_pm, case, FunctionBackend(spin(0.004)), trusted=False, **timing)
     assert honest_rec["status"] == "passed", honest_rec["reason"]
     acc = honest_rec["timing"]["accounting"]
-    assert acc["empty_batches"] >= 2 and acc["accounted_batches"] >= 0.75 * acc["batches"]
+    assert acc["empty_batches"] >= 2 and acc["unexplained_seconds"] <= acc["allowed_seconds"]
     assert "samples_explain_parent_time" in honest_rec["integrity"]["checks"]
     # a trusted library is timed without the empty loop (it does not forge)
     trusted = _judge(kbench_pm, case, FunctionBackend(spin(0.004)), trusted=True, **timing)

@@ -10,14 +10,14 @@ the worker reports the batch's window and per-call samples. Checked for every ba
 And, for untrusted kernels, the other direction: samples cannot be reported *shorter* than they were. The
 same loop is run with an empty call (the inputs still generated, the outputs still poisoned, shadowed and
 scanned, the cache still flushed) before and after the timed batches; its parent wall time ``E(n)`` for
-``n`` calls is what the loop costs without a kernel. A timed batch adds up when
+``n`` calls is what the loop costs without a kernel. A record's samples add up when, over its timed batches,
 
-    W - sum(samples) <= LOAD_FACTOR * E(n) + ACCOUNTING_FLOOR
+    sum(W - sum(samples)) <= sum(LOAD_FACTOR * E(n) + ACCOUNTING_FLOOR)
 
-and a record passes when at least :data:`ACCOUNTED_FRACTION` of its batches add up (a burst of machine
-load can hit a few; a forger fakes them all), after up to :data:`AUDIT_PAIRS` extra empty/timed pairs.
-So a kernel can under-report by at most ``(LOAD_FACTOR - 1) * E(n) + ACCOUNTING_FLOOR`` per batch
-(docs/integrity.md states the bound with figures).
+(summed, so a burst of machine load that hits one or two batches is diluted in the whole, while a forger who
+shortens every sample fails however its batches fall), after up to :data:`AUDIT_PAIRS` extra empty/timed pairs
+when it does not. So a kernel can under-report by at most ``(LOAD_FACTOR - 1) * E(n) + ACCOUNTING_FLOOR``
+per batch on average (docs/integrity.md states the bound).
 """
 from __future__ import annotations
 
@@ -30,8 +30,6 @@ from kbench.judge.verify import CheckFailed
 LOAD_FACTOR = 1.5
 #: unexplained time (s) per batch always allowed: the channel's round trip and scheduling jitter
 ACCOUNTING_FLOOR = 0.002
-#: fraction of an untrusted record's timed batches that must add up
-ACCOUNTED_FRACTION = 0.75
 #: extra empty/timed batch pairs measured before samples that do not add up fail a record
 AUDIT_PAIRS = 4
 #: a sample may exceed its stamps by this much (clock granularity, a device's events vs the host's marks)
@@ -85,11 +83,17 @@ class Accounting:
             return True
         return wall - sampled <= LOAD_FACTOR * cost + ACCOUNTING_FLOOR
 
+    def unexplained(self) -> tuple[float, float]:
+        """(the parent's time the samples leave unexplained, what the empty loop and the floor allow), summed."""
+        gap = sum(wall - sampled for _, wall, sampled in self.timed)
+        allowed = sum(LOAD_FACTOR * (self.loop_cost(n) or 0.0) + ACCOUNTING_FLOOR for n, _, _ in self.timed)
+        return gap, allowed
+
     def accounted(self) -> bool:
-        if not self.enforce or not self.timed:
+        if not self.enforce or not self.timed or not self.empty:
             return True
-        ok = sum(self.adds_up(*b) for b in self.timed)
-        return ok >= ACCOUNTED_FRACTION * len(self.timed)
+        gap, allowed = self.unexplained()
+        return gap <= allowed
 
     def summary(self) -> dict[str, Any]:
         walls = sum(w for _, w, _ in self.timed)
@@ -101,19 +105,20 @@ class Accounting:
         if self.forward_seconds:
             out["untimed_forward_seconds"] = self.forward_seconds
         if self.empty:
+            gap, allowed = self.unexplained()
             out.update(empty_seconds=sum(w for _, w in self.empty), empty_batches=len(self.empty),
-                       audit_batches=self.audits,
+                       audit_batches=self.audits, unexplained_seconds=gap, allowed_seconds=allowed,
                        accounted_batches=sum(self.adds_up(*b) for b in self.timed))
         return out
 
     def verdict(self) -> None:
         if self.accounted():
             return
-        bad = sum(not self.adds_up(*b) for b in self.timed)
+        gap, allowed = self.unexplained()
         walls = sum(w for _, w, _ in self.timed)
         sampled = sum(s for _, _, s in self.timed)
-        raise CheckFailed(f"samples do not add up: in {bad} of {len(self.timed)} batches the worker's samples "
-                          f"left more of the parent's time unexplained than {LOAD_FACTOR:g}x the same loop with "
-                          f"an empty call plus {ACCOUNTING_FLOOR * 1e3:g} ms ({sampled:.3g} s of samples in "
-                          f"{walls:.3g} s; empty loop {self.loop_cost(1) or 0:.3g} s per call): timers patched or "
-                          f"samples forged")
+        raise CheckFailed(f"samples do not add up: over {len(self.timed)} batches the worker's samples left "
+                          f"{gap:.3g} s of the parent's time unexplained, more than the {allowed:.3g} s that "
+                          f"{LOAD_FACTOR:g}x the same loop with an empty call plus {ACCOUNTING_FLOOR * 1e3:g} ms a "
+                          f"batch allow ({sampled:.3g} s of samples in {walls:.3g} s; empty loop "
+                          f"{self.loop_cost(1) or 0:.3g} s per call): timers patched or samples forged")

@@ -58,7 +58,7 @@ def test_the_anchor_scenario_is_within_20_percent_of_aiconfigurator():
     assert best["ttft_p90_s"] <= 2.0 and best["tpot_p90_s"] <= 0.05
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_the_grid_meets_the_targets_against_aiconfigurator():
     """Every scenario: within 20% in at least 80% of them, the same verdict where aiconfigurator's margin exceeds
     10% (docs/plan.md lists the figures and why the one verdict that differs does)."""
@@ -69,7 +69,7 @@ def test_the_grid_meets_the_targets_against_aiconfigurator():
                                                                      if not r.same_verdict]
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.skipif(aiconfigurator_missing() is not None, reason=str(aiconfigurator_missing()))
 def test_aiconfigurator_still_gives_the_recorded_answer():
     """The recorded answers are aiconfigurator's: re-run the anchor scenario (about 40 s, offline)."""

@@ -168,7 +168,7 @@ def test_mutated_result_files_are_read_or_refused_cleanly_by_the_cheap_commands(
     assert refused > 60 and accepted > 40  # both sides of the reader are exercised
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_every_mutation_through_every_command(tmp_path):
     refused, accepted = run_readers(tmp_path, CASES, every_command=True, each=5, expensive=200)
     assert refused and accepted

@@ -164,6 +164,6 @@ def test_reader_commands_stay_within_the_memory_bound(tmp_path):
     check(probe(tmp_path, inputs(tmp_path, records=40, samples=5_000), expensive=False))
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_every_reader_command_within_the_memory_bound_on_larger_inputs(tmp_path):
     check(probe(tmp_path, inputs(tmp_path, records=1000, samples=200_000), expensive=True))

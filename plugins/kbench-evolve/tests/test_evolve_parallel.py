@@ -48,6 +48,7 @@ def test_two_workers_screen_at_once_and_the_store_stays_consistent(lineage, work
             assert committed and a["parent"] == "v1" and "decision" not in a
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time (pytest-xdist --dist loadgroup)
 def test_screenings_on_a_ray_cluster_duels_here(lineage, workspace):
     """--executor ray: screening runs are scheduled on a real local Ray cluster (2 CPUs, a custom resource
     standing in for 2 devices), one device each, so two run at once; every duel run is a local run on the

@@ -46,7 +46,7 @@ def triton_seed_on_cpu() -> str:
     return text.replace('SUBSTRATE = "triton"', 'SUBSTRATE = "torch"', 1)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_triton_seed_lineage_mutates_under_the_interpreter(workspace, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # reaches the sandboxed workers (TRITON_* is allowed)
     seed = tmp_path / "triton_seed_cpu.py"

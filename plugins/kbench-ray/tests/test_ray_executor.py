@@ -50,6 +50,10 @@ def attention(q, k, v, out, *, causal, scale):
 '''
 
 
+#: one Ray cluster at a time when the suite runs in several processes (pytest-xdist, --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ray")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(num_cpus=2, resources={"kdev": 2}, include_dashboard=False, log_to_driver=False,

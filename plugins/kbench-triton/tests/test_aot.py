@@ -95,7 +95,7 @@ def test_every_shipped_config_builds(arch):
         _assert_launchable(report)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_every_tunable_combination_compiles_for_sm90():
     jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every"))
     reports = aot.sweep(jobs)
@@ -200,7 +200,7 @@ def test_backward_kernels_build_for_sm90_without_spills(dtype):
             assert report.wgmma != short_tiles, report
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_every_hopper_tunable_combination_compiles_for_sm90():
     jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every", kernels=["triton-hopper"]))
     reports = aot.sweep(jobs)

@@ -24,10 +24,16 @@ also feeds a row index tensor built on a shifted ``tl.arange``: a wrong causal m
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib
+import inspect
 import io
 import itertools
-import importlib
+import json
+import os
 import re
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,6 +131,8 @@ class CompileReport:
     #: warp-specialised kernels: TMA coordinates whose shifted value also feeds a shifted row range
     ws_double_shift: list[str] | None = None
     ptx_path: str | None = None
+    #: the report came from the compile cache (kbench_triton.aot.sweep)
+    cached: bool = False
 
     @property
     def ws_duplicated(self) -> bool:
@@ -373,8 +381,64 @@ def failures(reports: list[CompileReport], *, every_config: bool) -> list[Compil
             (r.status == "too-much-smem" and not every_config)]
 
 
+#: where compile reports are kept between runs (``KBENCH_AOT_CACHE``; an empty value turns the cache off)
+CACHE_ENV = "KBENCH_AOT_CACHE"
+
+
+def cache_dir() -> Path | None:
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return Path(value) if value else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbench" / "aot"
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain(arch: int) -> str:
+    """Triton's version and the ptxas it runs for ``arch``: what else decides a compile's report."""
+    import triton
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(arch)
+        version = getattr(ptxas, "version", None) or subprocess.run([ptxas.path, "--version"], capture_output=True,
+                                                                    text=True, timeout=30).stdout
+    except Exception as exc:  # noqa: BLE001 - no ptxas known: the key says so (and compiles would fail anyway)
+        version = f"unknown ptxas ({type(exc).__name__})"
+    return f"triton {triton.__version__}; {str(version).strip()}"
+
+
+def cache_key(target: Target, config: dict) -> str:
+    """A hash of the kernel's source, the target, the configuration and the toolchain."""
+    source = inspect.getsource(_kernel_module(target.kernel))
+    text = json.dumps([source, asdict(target), sorted(config.items()), toolchain(target.arch)], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def sweep(jobs: Iterable[tuple[Target, dict]]) -> list[CompileReport]:
-    return [compile_one(target, config) for target, config in jobs]
+    """The report of every job, from the cache when the same kernel source, target, configuration and
+    toolchain were compiled before (a report is what the compile decided; nothing in it depends on the time)."""
+    where = cache_dir()
+    reports = []
+    for target, config in jobs:
+        path = where / f"{cache_key(target, config)}.json" if where is not None else None
+        if path is not None and path.is_file():
+            try:
+                reports.append(CompileReport(**{**json.loads(path.read_text()), "cached": True}))
+                continue
+            except (OSError, ValueError, TypeError):
+                pass  # a damaged entry: compile again and replace it
+        report = compile_one(target, config)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(report.as_dict()))
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only home: no cache, same reports
+        reports.append(report)
+    return reports
 
 
 def _yes_no(value: bool | None) -> str:

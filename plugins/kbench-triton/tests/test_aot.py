@@ -205,3 +205,21 @@ def test_every_hopper_tunable_combination_compiles_for_sm90():
     jobs = list(aot.plan([90], [64, 128, 256], ["bf16"], [False, True], configs="every", kernels=["triton-hopper"]))
     reports = aot.sweep(jobs)
     assert not aot.failures(reports, every_config=True), [r for r in reports if r.status == "error"]
+
+
+def test_a_second_sweep_of_the_same_jobs_comes_from_the_cache(tmp_path, monkeypatch):
+    """Reports are kept by a hash of the kernel's source, the target, the configuration and the toolchain."""
+    monkeypatch.setenv(aot.CACHE_ENV, str(tmp_path))
+    jobs = list(aot.plan([90], [64], ["bf16"], [False], configs="tuned"))[:1]
+    first = aot.sweep(jobs)
+    compiled = []
+    monkeypatch.setattr(aot, "compile_one", lambda *a, **k: compiled.append(a) or first[0])
+    second = aot.sweep(jobs)
+    assert compiled == [] and second[0].cached and not first[0].cached
+    assert {**second[0].as_dict(), "cached": False} == first[0].as_dict()
+    other = [(jobs[0][0], {**jobs[0][1], "num_stages": jobs[0][1]["num_stages"] + 1})]
+    aot.sweep(other)  # another configuration is another key: compiled
+    assert len(compiled) == 1
+    monkeypatch.setenv(aot.CACHE_ENV, "")  # an empty value turns the cache off
+    aot.sweep(jobs)
+    assert len(compiled) == 2

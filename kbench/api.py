@@ -85,6 +85,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "as_cupy": ("kbench.devices.interop", "as_cupy"),
     "to_device_array": ("kbench.devices.interop", "to_device_array"),
     "torch_dtype": ("kbench.devices.interop", "torch_dtype"),
+    "torch_build": ("kbench.devices.interop", "torch_build"),  # (version, CUDA or None) without importing torch
     "is_out_of_memory": ("kbench.devices.interop", "is_out_of_memory"),
     "oom_as_memory_error": ("kbench.devices.interop", "oom_as_memory_error"),
     # which GPU the cuda device measures on and whether it is usable (CuPy imported on use)

@@ -1,11 +1,14 @@
-"""Summary statistics of timing samples (scipy does the statistics; this module only arranges them)."""
+"""Summary statistics of timing samples (scipy does the statistics; this module only arranges them).
+
+SciPy is imported where a statistic is computed, not with this module: the CLI, the plugin manager and every
+worker import modules that import this one, and ``scipy.stats`` alone takes most of a second to load.
+"""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def rel_standard_error(samples: Sequence[float]) -> float:
@@ -13,6 +16,8 @@ def rel_standard_error(samples: Sequence[float]) -> float:
     n = len(samples)
     if n < 2:
         return math.inf
+    from scipy import stats
+
     arr = np.asarray(samples, dtype=np.float64)
     mean = arr.mean()
     return float(stats.sem(arr) / mean) if mean > 0 else math.inf
@@ -20,6 +25,8 @@ def rel_standard_error(samples: Sequence[float]) -> float:
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free confidence interval of the median (order statistics, scipy.stats.quantile_test)."""
+    from scipy import stats
+
     arr = np.asarray(samples, dtype=np.float64)
     if len(arr) < 6:
         return float(arr.min()), float(arr.max())

@@ -251,3 +251,32 @@ def _cuda_unavailable_reason(index: int) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"CUDA device {index} is not usable: {type(exc).__name__}: {exc}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def torch_build() -> tuple[str, str | None] | str:
+    """(torch's version, its CUDA version or None for a CPU build), read from its installed ``version.py``
+    without importing torch (seconds: ``kbench list`` asks every backend), or why torch is not there."""
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    torch = sys.modules.get("torch")
+    if torch is not None:  # already imported: ask it
+        return str(torch.__version__), torch.version.cuda
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError) as exc:
+        return f"torch is not importable: {type(exc).__name__}: {exc}"
+    if spec is None or not spec.submodule_search_locations:
+        return "torch is not installed: pip install torch"
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"torch is installed but its version.py is unreadable: {exc}"
+    version = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*(?:None|['\"]([^'\"]*)['\"])", text, re.M)
+    if version is None or cuda is None:
+        return "torch is installed but its version.py does not say its version and CUDA build"
+    return version.group(1), cuda.group(1) or None

@@ -1,33 +1,37 @@
-"""Availability checks shared by the torch-based backends (torch, its CUDA build, the kbench GPU)."""
+"""Availability checks shared by the torch-based backends (torch, its CUDA build, the kbench GPU).
+
+They read what is installed without importing torch where they can (``torch/version.py``, as written at its
+build): importing torch takes seconds, and ``kbench list`` asks every backend.
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 
+from kbench.api import torch_build
 
-@lru_cache(maxsize=None)
+
 def torch_unavailable() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
-        return f"torch is not importable: {type(exc).__name__}: {exc}"
-    return None
+    """None when torch is installed (imported when a backend first runs), else why not."""
+    found = torch_build()
+    return found if isinstance(found, str) else None
 
 
 @lru_cache(maxsize=None)
 def torch_cuda_unavailable() -> str | None:
     """None when torch can run on the GPU kbench's ``cuda`` device uses, else why not."""
-    reason = torch_unavailable()
-    if reason:
-        return reason
-    import torch
-
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
+    found = torch_build()
+    if isinstance(found, str):
+        return found
+    version, cuda = found
+    if cuda is None:
+        return f"torch {version} is a CPU-only build (no CUDA)"
     from kbench.api import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()  # the core's answer, the one the cuda device gives too
     if reason:
         return reason
+    import torch
+
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU"
     return None

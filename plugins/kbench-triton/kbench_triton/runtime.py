@@ -1,8 +1,11 @@
 """Lazy access to Triton and a CUDA build of torch: is the ``triton`` backend usable here, and why not."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from functools import lru_cache
+
+from kbench.api import torch_build
 
 
 def triton_version() -> str | None:
@@ -18,16 +21,19 @@ def unavailable_reason() -> str | None:
     """``None`` when Triton can launch kernels on a CUDA GPU through torch, else the precise reason."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return "TRITON_INTERPRET is set: Triton's interpreter runs kernels on the CPU, for tests, not for timing"
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"triton is not importable: {type(exc).__name__}: {exc}"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed: pip install triton"
+    build = torch_build()  # without importing torch (seconds): the cheap answers first
+    if isinstance(build, str):
+        return build
+    version, cuda = build
+    if cuda is None:
+        return f"torch {version} is a build without CUDA (Triton launches through a CUDA torch)"
     try:
         import torch
+        import triton  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        return f"torch is not importable: {type(exc).__name__}: {exc}"
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a build without CUDA (Triton launches through a CUDA torch)"
+        return f"triton or torch is not importable: {type(exc).__name__}: {exc}"
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
     return None

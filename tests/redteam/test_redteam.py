@@ -129,6 +129,10 @@ def _substrate(path: Path) -> str:
     return literal_globals(path.read_text(), ("SUBSTRATE",)).get("SUBSTRATE", "numpy")
 
 
+#: its module-scoped runs are made once: every test of the module in one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("redteam")
+
+
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     return _run(tmp_path_factory, DEFAULT, {}, seeds=SEEDS)

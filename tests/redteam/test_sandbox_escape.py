@@ -30,7 +30,9 @@ HERE = Path(__file__).parent
 SANDBOX_KERNELS = ("read_parent_secrets", "loopback_listener", "write_outside_scratch", "detached_process",
                    "temp_dir_cache")
 
-pytestmark = pytest.mark.skipif(not probe().available, reason=f"no sandbox here: {probe().reason}")
+# one xdist worker runs the module (its module-scoped escape runs are made once; --dist loadgroup)
+pytestmark = [pytest.mark.skipif(not probe().available, reason=f"no sandbox here: {probe().reason}"),
+              pytest.mark.xdist_group("sandbox-escape")]
 
 SUITE = {
     "name": "sandbox-escape",

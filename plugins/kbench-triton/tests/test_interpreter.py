@@ -23,6 +23,10 @@ CHECKS = [f"backend/{n}" for n in CASES] + ["backend-table/gqa-causal", "kernel-
     [f"hopper-ws{ws}/{n}" for ws in (1, 0) for n in HOPPER_CASES] + ["hopper-kernel-file/gqa-full-sq>sk-ragged-fp16"]
 
 
+#: its module-scoped runs are made once: every test of the module in one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("triton-interpreter")
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     return run_in_interpreter(WORKER, tmp_path_factory.mktemp("interp") / "results.json")

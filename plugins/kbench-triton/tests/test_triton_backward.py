@@ -22,6 +22,10 @@ WORKER = Path(__file__).with_name("interpret_bwd_worker.py")
 OUTPUTS = ("out", "dq", "dk", "dv")
 
 
+#: its module-scoped runs are made once: every test of the module in one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("triton-backward")
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     return run_in_interpreter(WORKER, tmp_path_factory.mktemp("interp-bwd") / "results.json")

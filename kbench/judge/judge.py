@@ -123,9 +123,10 @@ class Judge:
         self.threads = replies.threads(payload)
         return got, (received - sent) * 1e-9, counts
 
-    def _collect(self, slots: list[int]) -> list[dict[str, np.ndarray]]:
-        """Outputs of the named slots' last calls, copied by the worker into the arena, copied again here."""
-        self._request(("collect", {"slots": slots}), "collected")
+    def _collect(self, slots: list[int], inputs: bool = True) -> list[dict[str, np.ndarray]]:
+        """Outputs of the named slots' last calls, copied by the worker into the arena, copied again here;
+        ``inputs``: the worker also checks those calls' inputs are unchanged."""
+        self._request(("collect", {"slots": slots, "inputs": inputs}), "collected")
         return [{name: np.array(view, copy=True) for name, view in self.layout.output_views(self.buf, j).items()}
                 for j in range(len(slots))]
 
@@ -350,7 +351,9 @@ class Judge:
     def _verify_timed(self, calls: list) -> None:
         """One call of the batch, picked now (after the reply), verified on rows picked now."""
         slot, key = calls[int(self.rng.integers(len(calls)))]
-        (got,) = self._collect([slot])
+        # a trusted library's inputs were checked unchanged on the correctness calls; an untrusted kernel's are
+        # checked on every verified call
+        (got,) = self._collect([slot], inputs=not self.trusted)
         try:
             # fewer rows and no uniform-attention reference: the correctness trials did the full check;
             # these catch answers that change when timed

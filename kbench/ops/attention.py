@@ -417,7 +417,12 @@ class AttentionOp(Op):
             if offloaded is not None:
                 return offloaded
         real = self.dequantised(case, inputs)
-        q = real["q"] if rows is None else real["q"][:, rows]
+        if rows is None:
+            q = real["q"]
+        elif real is inputs and hasattr(inputs, "rows"):  # regenerated inputs: only the checked rows of q drawn
+            q = inputs.rows("q", (slice(None), rows))
+        else:
+            q = real["q"][:, rows]
         return attention_float64(q, real["k"], real["v"], causal=case["causal"], scale=softmax_scale(case),
                                  rows=rows, seqlen_q=case["seqlen_q"], window=self.window(case),
                                  softcap=case["softcap"])

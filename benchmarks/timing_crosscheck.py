@@ -4,21 +4,32 @@
 
 CPU: one fixed workload (NumPy attention, b=1 s=512 h=8 d=64 fp32, compute-bound), measured by kbench as a
 user runs it (``kbench run`` in a worker, new inputs before every call) and by ``timeit.repeat`` on fixed
-inputs in this process, alternately, ``--rounds`` times; prints both medians and their ratio.
+inputs in this process, alternately, ``--rounds`` times; prints both medians and their ratio. BLAS runs one
+thread on both sides (``--threads``): with two threads on a 2-vCPU VM both timers' medians wander by +-15% from
+one minute to the next, which hides any difference between them.
 
 GPU (``--device cuda``): the 16k-token cases of the FlashAttention-3 sweep (b=1, h=16, d=128, bf16, causal and
 not) for the cuda backends installed; kbench's median (events per call, L2 flushed outside each sample) against
 do_bench's (``return_mode="median"``, its own 256 MB cache clear between calls) on inputs made once.
 
-Usage: python benchmarks/timing_crosscheck.py [--device cpu|cuda] [--rounds 3]
+Usage: python benchmarks/timing_crosscheck.py [--device cpu|cuda] [--rounds 7] [--threads 1]
 """
 from __future__ import annotations
+
+import os
+import sys
+
+if "--threads" in sys.argv:  # before NumPy loads its BLAS (the kbench run below inherits the environment)
+    _threads = sys.argv[sys.argv.index("--threads") + 1]
+else:
+    _threads = "1"
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, _threads)
 
 import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import timeit
 from pathlib import Path
@@ -61,8 +72,10 @@ def cpu(rounds: int) -> None:
         ours.append(next(iter(got.values())))
         theirs.append(statistics.median(timeit.repeat(fn, number=1, repeat=60)))
     a, b = statistics.median(ours), statistics.median(theirs)
+    ratios = sorted(x / y for x, y in zip(ours, theirs))
     print(f"numpy attention {CPU_CASE}: kbench median {a * 1e3:.3f} ms, timeit median {b * 1e3:.3f} ms, "
-          f"ratio {a / b:.4f} ({a / b - 1:+.2%}); rounds: kbench {[f'{v * 1e3:.3f}' for v in ours]} ms, "
+          f"ratio of medians {a / b:.4f} ({a / b - 1:+.2%}), median of the {rounds} rounds' ratios "
+          f"{statistics.median(ratios):.4f}; rounds: kbench {[f'{v * 1e3:.3f}' for v in ours]} ms, "
           f"timeit {[f'{v * 1e3:.3f}' for v in theirs]} ms")
 
 
@@ -100,7 +113,8 @@ def cuda(rounds: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", default="1", help="BLAS/OpenMP threads of the CPU workload (both timers)")
     args = ap.parse_args()
     (cpu if args.device == "cpu" else cuda)(args.rounds)
 

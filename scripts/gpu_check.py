@@ -5,7 +5,11 @@ Stages, in order, each with its own time budget (seconds; ``--budget NAME=S`` ch
   machine   nvidia-smi and Python (what the machine is)
   install   carried wheels (.whl/, split ones reassembled) into /tmp/kbench-site; the project editable, offline
   list      ``kbench list`` (devices and backends, each available or why not)
-  suite     ``kbench run suites/gpu-check.yaml --device cuda``: the forward table; records written as they come
+  suite     ``kbench run suites/gpu-check.yaml --device cuda``: the forward table, the FA3 paper's 36-case sweep
+            for five backends (the measurement engine's target: <= 150 s); records written as they come
+  engine    ``kbench run suites/gpu-check-engine.yaml`` with the Triton seed as an untrusted kernel file: the
+            kernel's share of wall time, trusted and untrusted, and a sustained loop for energy at 16k tokens
+  crosscheck ``benchmarks/timing_crosscheck.py --device cuda``: kbench's medians against triton's do_bench
   tuning    ``kbench run suites/gpu-check-tuning.yaml``: configuration candidates of our Triton kernels
   training  ``kbench run suites/gpu-check-training.yaml``: forward+backward (fwd_bwd)
   profile   ``kbench run ... --profile ncu`` on two records: Nsight Compute's figures in the records
@@ -43,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: seconds per stage; with a grace period per stage the worst case is 572 s, under the device tool's 600 s per
 #: call (docs/gpu.md). The suite gets most: its table is what the check is for; the budgets are estimates from
 #: the two earlier H200 runs (16k-token records 4-9 s each, Triton compiles 5-10 s per configuration there).
-BUDGETS = {"machine": 5.0, "install": 30.0, "list": 10.0, "suite": 150.0, "tuning": 65.0, "training": 60.0,
-           "profile": 75.0, "summary": 10.0, "tests": 140.0}
+BUDGETS = {"machine": 5.0, "install": 30.0, "list": 10.0, "suite": 170.0, "engine": 50.0, "crosscheck": 60.0,
+           "tuning": 40.0, "training": 60.0, "profile": 35.0, "summary": 10.0, "tests": 70.0}
 #: the limit the budgets must fit, grace periods included: one call of the device tool (600 s) minus a margin
 CALL_LIMIT_S = 575.0
 #: what a stage function returns when it ran out of time
@@ -127,6 +131,10 @@ class Context:
     @property
     def profile_path(self) -> Path:
         return self.out_dir / "gpu-check-profile.json"
+
+    @property
+    def engine_path(self) -> Path:
+        return self.out_dir / "gpu-check-engine.json"
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -333,10 +341,14 @@ def run_tests(ctx: Context, deadline: float) -> int:
 
 def summary_command(ctx: Context) -> list[str]:
     return [ctx.python, str(Path(__file__).resolve()), "summarize", str(ctx.result_path), str(ctx.tuning_path),
-            str(ctx.training_path), str(ctx.profile_path), "--markdown", str(ctx.out_dir / "gpu-check-summary.md")]
+            str(ctx.training_path), str(ctx.profile_path), str(ctx.engine_path), "--markdown",
+            str(ctx.out_dir / "gpu-check-summary.md")]
 
 
 SUITE = "suites/gpu-check.yaml"
+ENGINE_SUITE = "suites/gpu-check-engine.yaml"
+#: the untrusted kernel file of the engine stage: the Triton seed genome of evolve (sandboxed like any candidate)
+ENGINE_KERNEL_FILE = "plugins/kbench-triton/kbench_triton/seeds/triton_attention_seed.py"
 TUNING_SUITE = "suites/gpu-check-tuning.yaml"
 TRAINING_SUITE = "suites/gpu-check-training.yaml"
 #: the records profiled with Nsight Compute: our Hopper kernel and cuDNN at the causal 16k-token head_dim 128 point
@@ -357,8 +369,8 @@ def dry_run_suite(ctx: Context, name: str = SUITE) -> str:
 
 def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = ()) -> list[Stage]:
     device = "cpu" if ctx.dry_run else "cuda"
-    suite, tuning, training = ((dry_run_suite(ctx, name) if ctx.dry_run else name)
-                               for name in (SUITE, TUNING_SUITE, TRAINING_SUITE))
+    suite, tuning, training, engine = ((dry_run_suite(ctx, name) if ctx.dry_run else name)
+                                       for name in (SUITE, TUNING_SUITE, TRAINING_SUITE, ENGINE_SUITE))
 
     def run(name: str, path: Path, *extra: str) -> list[str]:
         return _kbench(ctx, "run", name, "--device", device, "-o", str(path), "--force", "--no-progress", *extra)
@@ -370,6 +382,11 @@ def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = ()) -> l
         # the measurement stages: the forward table first (what the check is for), then our kernels'
         # configuration candidates, the training step, and two records again under Nsight Compute
         Stage("suite", budgets["suite"], command=run(suite, ctx.result_path)),
+        Stage("engine", budgets["engine"], command=run(engine, ctx.engine_path, "-b", "cudnn", "-b", "triton",
+                                                       "-b", str(ROOT / ENGINE_KERNEL_FILE))),
+        Stage("crosscheck", budgets["crosscheck"],
+              command=[ctx.python, str(ROOT / "benchmarks" / "timing_crosscheck.py"), "--device", device,
+                       "--rounds", "1"]),
         Stage("tuning", budgets["tuning"], command=run(tuning, ctx.tuning_path)),
         Stage("training", budgets["training"], command=run(training, ctx.training_path)),
         Stage("profile", budgets["profile"], command=run(suite, ctx.profile_path, *PROFILE_SELECTION,
@@ -519,6 +536,46 @@ def targets(datas: Sequence[dict[str, Any] | None]) -> str:
         disable_numparse=True)
 
 
+def engine(datas: Sequence[dict[str, Any] | None]) -> str:
+    """The measurement engine's figures per backend: samples per record, records below min_samples, the kernel's
+    share of each record's wall time (16k-token records apart), the sweep's wall time; sustained-loop energy."""
+    from tabulate import tabulate
+
+    rows, energy = [], []
+    for data in datas:
+        if not data:
+            continue
+        recs = [r for r in data.get("records") or [] if r["status"] == "passed"]
+        wall = sum(r.get("duration") or 0.0 for r in data.get("records") or [])
+        for b in sorted({r["backend"] for r in recs}):
+            mine = [r for r in recs if r["backend"] == b]
+            timing = [r.get("timing") or {} for r in mine]
+            n = [len(t.get("samples") or []) for t in timing]
+            share = [(t.get("accounting") or {}).get("kernel_fraction") for t in timing]
+            big = [f for r, f in zip(mine, share) if f is not None and r["case"].get("seqlen_q", 0) >= 16384]
+            below = sum(bool(t.get("below_min_samples")) for t in timing)
+            rows.append([data.get("suite", {}).get("name", "?"), b, len(mine), f"{min(n)}-{max(n)}", below,
+                         _fmt(sorted(share)[len(share) // 2] if share and None not in share else None, ".2f"),
+                         _fmt(min(big) if big else None, ".2f"), f"{wall:.0f}"])
+            for r in mine:
+                e = (r.get("telemetry") or {}).get("energy") or {}
+                if e.get("method") == "sustained loop":
+                    energy.append([case_label(r["case"]), b, _fmt(e.get("average_w"), ".0f"),
+                                   _fmt(e.get("joules_per_call"), ".3g"), _fmt(e.get("idle_w"), ".0f"),
+                                   _fmt(e.get("power_limit_w"), ".0f"), e.get("calls"),
+                                   _fmt(e.get("sm_clock_mhz_median"), ".0f"), e.get("flag", "")])
+    if not rows:
+        return "engine: no records"
+    text = "measurement engine (kernel share = sum of timed samples / the record's wall time):\n" + tabulate(
+        rows, headers=["suite", "backend", "records", "samples", "below min_samples", "kernel share (median)",
+                       "kernel share (16k, min)", "suite records' wall s"], tablefmt="github", disable_numparse=True)
+    if energy:
+        text += "\n\nsustained loop (energy at synchronised ends; power between idle and the limit):\n" + tabulate(
+            energy, headers=["case", "backend", "W", "J/call", "idle W", "limit W", "calls", "SM MHz", "flag"],
+            tablefmt="github", disable_numparse=True)
+    return text
+
+
 def profiles(data: dict[str, Any] | None) -> str:
     """The Nsight Compute table of a result file run with ``--profile ncu`` (kbench.profiling)."""
     if not data:
@@ -612,6 +669,7 @@ def summarize_main(argv: Sequence[str]) -> int:
         else:
             parts.append(f"## {Path(path).name} {(data or {}).get('id', '')}\n\n{summarize(data, cudnn)}")
     parts.append(targets(datas))
+    parts.append(engine(datas))
     text = "\n".join(parts)
     print(text)
     if args.markdown:

@@ -67,7 +67,7 @@ def test_an_overrunning_stage_is_stopped_and_the_later_stages_run_on_its_partial
     assert "512.2" in row and "paper (H100): FA3 648 cuDNN 595" in row
     backend_row = next(line for line in printed.splitlines() if line.startswith("| triton-hopper"))
     assert all(text in backend_row for text in ("1 passed", "0.0041", "1755-1980", "| 2 ", "612", "0.0215"))
-    assert (tmp_path / "gpu-check-summary.md").read_text().count("triton-hopper") == 3  # table, status, targets
+    assert (tmp_path / "gpu-check-summary.md").read_text().count("triton-hopper") == 4  # table, status, targets, engine
     table = gpu_check.stage_table(outcomes)
     assert "suite    timeout" in table and "stopped after its budget of 2 s" in table
 
@@ -171,18 +171,18 @@ def test_budgets_fit_one_device_call_and_bad_overrides_are_refused():
 def test_dry_run_runs_every_stage_on_the_cpu(tmp_path, capsys):
     # the real stages (install says what it would run; tests collect-and-skip without a GPU), the suite
     # on the cpu device: every record a skip, every case of the grid in the skeleton
-    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "list,tests"])
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "list,tests,crosscheck"])
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())
     assert [(s["name"], s["status"]) for s in stages] == [
-        ("machine", "ok"), ("install", "ok"), ("suite", "ok"), ("tuning", "ok"), ("training", "ok"), ("profile", "ok"),
-        ("summary", "ok")]
+        ("machine", "ok"), ("install", "ok"), ("suite", "ok"), ("engine", "ok"), ("tuning", "ok"), ("training", "ok"),
+        ("profile", "ok"), ("summary", "ok")]
     assert code == 0
     assert "would run (editable)" in printed
     data = json.loads((tmp_path / "gpu-check.json").read_text())
     assert data["complete"] and {r["status"] for r in data["records"]} == {"skipped"}
     cases = {gpu_check.case_label(r["case"]) for r in data["records"]}
-    assert len(cases) == 13
+    assert len(cases) == 36 + 7  # the FA3 paper's forward sweep and the correctness cases
     # the FA3 paper's shapes: hidden size 2048 at 16k tokens, each row with the paper's figure
     fa3 = [line for line in printed.splitlines() if line.startswith("| b=1 s=16384") and "paper (H100)" in line]
     assert {line.split("|")[1].split(" d=")[1].split()[0] for line in fa3} == {"64", "128", "256"} and len(fa3) >= 6
@@ -195,10 +195,14 @@ def test_dry_run_runs_every_stage_on_the_cpu(tmp_path, capsys):
     profiled = json.loads((tmp_path / "gpu-check-profile.json").read_text())["records"]
     assert sorted(r["backend"] for r in profiled) == ["cudnn", "triton-hopper"]
     assert all(r["profile"]["status"] == "skipped" for r in profiled) and "profiles (Nsight Compute" in printed
+    # the engine stage: the kernel file runs untrusted beside cudnn and triton (skipped on the cpu, with why)
+    engine = json.loads((tmp_path / "gpu-check-engine.json").read_text())["records"]
+    assert sorted({r["backend"] for r in engine}) == ["cudnn", "file:triton_attention_seed", "triton"]
+    assert "engine: no records" in printed  # nothing passed here; on a GPU: samples, kernel share, energy
 
 
 def test_dry_run_with_a_suite_cut_short_still_summarises(tmp_path, capsys):
-    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,tuning,training,profile,tests",
+    code = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "machine,install,list,engine,crosscheck,tuning,training,profile,tests",
                            "--budget", "suite=0.05"])
     printed = capsys.readouterr().out
     stages = json.loads((tmp_path / "gpu-check-stages.json").read_text())

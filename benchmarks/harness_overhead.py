@@ -4,7 +4,8 @@
 Prints, for REPEATS runs side by side:
   * one (case, backend) judged in-process with the default timing settings: wall time of the
     record vs the sum of its timed samples (the rest is warm-up, correctness checks, references,
-    input generation and statistics), samples taken, stop reason, relative spread and rel. SE reached;
+    input generation and statistics, and in the first run one-time imports), samples taken, stop reason,
+    relative spread and rel. SE reached, and the record's phases (`timing.accounting.phases`);
   * `kbench run suites/smoke.yaml` as a user runs it: process wall time vs the sum of every timed sample;
   * the precision the parent's clock accounting leaves: a kernel that busy-waits exactly 20 ms, its median
     and fastest sample against 20 ms, and the fraction of the parent's batch time its samples explain.
@@ -42,7 +43,8 @@ def one_record(pm: PluginManager, backend: str) -> dict:
     wall = time.perf_counter() - t0
     timed = sum(rec["timing"]["samples"])
     return {"wall": wall, "timed": timed, "n": len(rec["timing"]["samples"]), "stop": rec["timing"]["stop_reason"],
-            "median": rec["stats"]["median"], "rel_spread": rec["stats"]["rel_spread"], "rel_se": rec["stats"]["rel_se"]}
+            "median": rec["stats"]["median"], "rel_spread": rec["stats"]["rel_spread"], "rel_se": rec["stats"]["rel_se"],
+            "phases": rec["timing"]["accounting"]["phases"]}
 
 
 def spin_precision(pm: PluginManager, target: float = 0.02) -> dict:
@@ -92,6 +94,8 @@ def main() -> None:
               f"({med['timed'] / med['wall']:.0%} of wall), {med['n']:.0f} samples, "
               f"median sample {med['median'] * 1e3:.2f} ms, IQR/median {med['rel_spread']:.2%}, "
               f"rel. SE {med['rel_se']:.2%}, stop: {', '.join(sorted({r['stop'] for r in runs}))}")
+        phases = {k: statistics.median(r["phases"].get(k, 0.0) for r in runs) for k in runs[0]["phases"]}
+        print(" " * 13 + "phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     spin = spin_precision(pm)
     print(f"\n20 ms busy-wait: median sample {spin['median'] * 1e3:.3f} ms ({spin['median'] / 0.02 - 1:+.2%}), "
           f"fastest {spin['min'] * 1e3:.3f} ms ({spin['min'] / 0.02 - 1:+.2%}), {spin['n']} samples; the samples "

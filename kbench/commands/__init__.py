@@ -24,3 +24,18 @@ def warn_skipped(skipped: list[Any]) -> None:
 
     for exc in skipped:
         click.echo(f"kbench: warning: skipped {exc.format()}", err=True)
+
+
+def read_histories(results_dirs: Any, *, repo: Any, mix_machines: bool, keyword: Any, cache: Any, no_cache: bool,
+                   jobs: Any) -> tuple[list[Any], list[Any]]:
+    """The runs and histories under ``results_dirs`` for ``publish`` and ``regressions``: a result file the
+    reader refuses is left out with a warning (:func:`warn_skipped`), and the history goes on without it."""
+    from kbench.history import default_cache, load_histories
+
+    skipped: list[Any] = []
+    try:
+        return load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
+                              cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs,
+                              skipped=skipped)
+    finally:
+        warn_skipped(skipped)

@@ -65,22 +65,16 @@ def publish_command(results_dirs, output, repo, mix_machines, lineages, results_
     one, every step found, and evolve lineages with --lineages. Opens from the file system; see docs/history.md.
     """
     from kbench.errors import BadInput
-    from kbench.history import default_cache, load_histories
     from kbench.history.lineages import load_lineages
     from kbench.history.site import Links, write_site
 
     if commit_url and "{commit}" not in commit_url:
         raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
                        fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
-    from kbench.commands import warn_skipped
+    from kbench.commands import read_histories
 
-    skipped: list = []  # a damaged file is reported and left out; the history goes on without it
-    try:
-        runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
-                                     cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs,
-                                     skipped=skipped)
-    finally:
-        warn_skipped(skipped)
+    runs, hists = read_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
+                                 no_cache=no_cache, jobs=jobs)
     lins = load_lineages(lineages) if lineages else []
     links = Links(output, results_url, Path(results_dirs[0]) if results_url else None, commit_url)
     counts = write_site(output, hists, lins, links, _compare_latest(keyword))

@@ -54,21 +54,16 @@ def regressions_command(results_dirs, since, threshold, fail, repo, mix_machines
     Exit status: 0; 1 with --fail when a lasting slower step beyond --threshold lies after --since;
     2 on bad input.
     """
-    from kbench.history import default_cache, default_repo, load_histories
+    from kbench.history import default_repo
     from kbench.history.regressions import beyond, find_steps, in_range, resolve_since, sort_found
     from kbench.tables import Column, render, render_columns
 
     limit = parse_threshold(threshold)
     repo = repo or default_repo(results_dirs)
-    from kbench.commands import warn_skipped
+    from kbench.commands import read_histories
 
-    skipped: list = []  # a damaged file is reported and left out; the history goes on without it
-    try:
-        runs, hists = load_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword,
-                                     cache=None if no_cache else (cache or default_cache(results_dirs)), jobs=jobs,
-                                     skipped=skipped)
-    finally:
-        warn_skipped(skipped)
+    runs, hists = read_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
+                                 no_cache=no_cache, jobs=jobs)
     start = resolve_since(since, runs, repo) if since else None
     found, unconfirmed = [], []
     for h in hists:

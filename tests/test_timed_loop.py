@@ -92,6 +92,19 @@ def test_a_trusted_library_is_timed_do_bench_style_on_inputs_made_once_per_slot(
     assert n > per_batch and len(set(timed)) == per_batch  # one content per slot, reused batch after batch
 
 
+def test_the_empty_loop_between_batches_leaves_the_verified_outputs_alone(kbench_pm, kbench_case, monkeypatch):
+    """An empty batch runs on the timed batch's slots and re-poisons their outputs: the timed batch's outputs
+    are verified before it (with an empty batch after every timed one, an honest kernel still passes)."""
+    import kbench.judge.judge as judge_module
+
+    monkeypatch.setattr(judge_module, "EMPTY_EVERY", 1)
+    rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(honest), trusted=False, min_samples=6,
+                 max_samples=12)
+    assert rec["status"] == "passed", rec["reason"]
+    acc = rec["timing"]["accounting"]
+    assert acc["empty_batches"] >= acc["batches"] + 1  # one after each timed batch but the last, and the ends
+
+
 class ShrinkingChannel:
     """A worker that reports its timed samples five times shorter than measured (stamps kept consistent)."""
 

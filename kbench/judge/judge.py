@@ -276,10 +276,6 @@ class Judge:
             since = clock()
             got, wall, counts, calls = self._timed(n)
             self._phase("timed batches", since)
-            if self.accounting.enforce and len(self.accounting.timed) % EMPTY_EVERY == 0:
-                since = clock()
-                self._empty(per_batch)  # the loop's cost again, under the load of this moment
-                self._phase("empty loop", since)
             samples += got
             elapsed = clock() - begin
             stop = None
@@ -304,6 +300,11 @@ class Judge:
             if stop is not None:
                 reason = stop
                 break
+            # after the verification: an empty batch runs on the same slots and re-poisons their outputs
+            if self.accounting.enforce and len(self.accounting.timed) % EMPTY_EVERY == 0:
+                since = clock()
+                self._empty(per_batch)  # the loop's cost again, under the load of this moment
+                self._phase("empty loop", since)
         sampling_time = clock() - begin
         if self.accounting.enforce:
             since = clock()

@@ -39,7 +39,9 @@ def one_run(suite: str, device: str, extra: list[str]) -> dict:
     timed = sum(sum(r["timing"]["samples"]) for r in passed)
     durations = sum(r.get("duration") or 0.0 for r in data["records"])
     parent = sum(r["timing"]["accounting"]["parent_seconds"] for r in passed)
-    return {"wall": wall, "timed": timed, "records": len(data["records"]), "passed": len(passed),
+    failed = [f"{r['backend']} {r['case_id']}: {r.get('reason')}" for r in data["records"]
+              if r["status"] not in ("passed", "skipped")]
+    return {"wall": wall, "timed": timed, "records": len(data["records"]), "passed": len(passed), "failed": failed,
             "durations": durations, "parent_batches": parent,
             "below": sum(len(r["timing"]["samples"]) < min_samples for r in passed),
             "samples": statistics.median(len(r["timing"]["samples"]) for r in passed) if passed else 0,
@@ -55,12 +57,14 @@ def main() -> None:
     args = ap.parse_args()
     runs = [one_run(args.suite, args.device, args.extra) for _ in range(args.repeats)]
     for i, r in enumerate(runs, 1):
-        print(f"run {i}: {r['records']} records ({r['passed']} passed): wall {r['wall']:.1f} s, timed samples "
+        print(f"run {i}: {r['records']} records ({r['passed']} passed, {len(r['failed'])} failed): wall {r['wall']:.1f} s, timed samples "
               f"{r['timed']:.1f} s -> wall / timed = {r['wall'] / max(r['timed'], 1e-9):.2f}x; records' own time "
               f"{r['durations']:.1f} s (the rest is start-up, skipped records, the result file); the parent's timed "
               f"batches {r['parent_batches']:.1f} s hold {r['timed'] / max(r['parent_batches'], 1e-9):.0%} kernel time; "
               f"median samples per record {r['samples']:.0f}; passed records below min_samples "
               f"({r['min_samples']}): {r['below']}")
+        for line in r["failed"]:
+            print(f"  failed: {line}")
     if len(runs) > 1:
         ratio = statistics.median(r["wall"] / max(r["timed"], 1e-9) for r in runs)
         print(f"median wall / timed over {len(runs)} runs: {ratio:.2f}x")

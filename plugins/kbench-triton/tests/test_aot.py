@@ -1,7 +1,8 @@
 """Ahead-of-time compilation for CUDA targets on this CPU-only machine: the kernel builds for Hopper.
 
 The default run compiles the tuned configuration of every (head_dim, mask) for sm_90 and a few
-more; the sweeps over every shipped configuration, architecture and dtype are marked ``slow``.
+more; the sweeps over every shipped configuration, architecture and dtype are marked ``slow`` (CI runs
+them), every tunable combination for sm_90 ``nightly``.
 """
 from __future__ import annotations
 

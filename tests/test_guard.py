@@ -253,6 +253,21 @@ def test_honest_numpy_kernel_code_is_not_refused(tmp_path):
     assert results["numpy_work"]["result"].startswith("(64.0")
 
 
+def test_libraries_of_an_environment_under_tmp_load_and_tmp_elsewhere_does_not(tmp_path):
+    """A virtual environment in /tmp is where the worker's packages live (a read-only bind in the sandbox):
+    torch loads its libraries from there; a library anywhere else under /tmp, or in the scratch directory,
+    is one the candidate could have written."""
+    from kbench.worker.guard import Guard
+
+    venv, scratch = tmp_path / "venv", tmp_path / "scratch"
+    guard = Guard(str(scratch), system_roots=[str(venv), "/usr"])
+    assert guard._dlopen((str(venv / "lib" / "libtorch_global_deps.so"), 0)) is None
+    assert guard._dlopen(("/usr/lib/libm.so.6", 0)) is None
+    assert "writable place" in guard._dlopen((str(tmp_path / "elsewhere" / "libx.so"), 0))
+    assert "writable place" in guard._dlopen((str(scratch / "libx.so"), 0))
+    assert "writable place" in guard._dlopen(("/opt/unlisted/libx.so", 0))  # outside every root
+
+
 TRITON = '''
 import torch
 import triton

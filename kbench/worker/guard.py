@@ -197,9 +197,13 @@ class Guard:
         real = os.path.realpath(filename)
         if _under(real, self.triton_cache):
             return False  # Triton's JIT compiles its launcher there and imports it
-        if _under(real, self.scratch) or real.startswith(("/tmp/", "/dev/shm/", "/var/tmp/")):
+        if _under(real, self.scratch):
             return True
-        return bool(self.system_roots) and not any(_under(real, r) for r in self.system_roots)
+        # the interpreter's and its packages' directories (read-only binds in the sandbox), wherever they
+        # live: a virtual environment under /tmp loads torch's libraries from there
+        if any(_under(real, r) for r in self.system_roots):
+            return False
+        return real.startswith(("/tmp/", "/dev/shm/", "/var/tmp/")) or bool(self.system_roots)
 
     def _if_candidate(self, what: str, *, target: Any = None, through_imports: bool = False) -> str | None:
         """Refused when candidate code raised the event (and, with ``target``, it concerns kbench's own objects).

@@ -105,6 +105,22 @@ def test_the_empty_loop_between_batches_leaves_the_verified_outputs_alone(kbench
     assert acc["empty_batches"] >= acc["batches"] + 1  # one after each timed batch but the last, and the ends
 
 
+def test_a_result_cached_by_buffer_address_is_stale_on_every_timed_call(kbench_pm, kbench_case):
+    """Every slot has run once before the first timed call, so a kernel that keeps its answer per buffer
+    address is wrong on every timed call, whichever the judge verifies (not only on slots that warmed up)."""
+    def by_address(q, k, v, out, case, cache={}):
+        key = (q.ctypes.data, k.ctypes.data, v.ctypes.data)
+        if key not in cache:
+            honest(q, k, v, out, case)
+            cache[key] = out.copy()
+        out[...] = cache[key]
+
+    for _ in range(4):  # a new secret each time: which call is verified changes
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(by_address), trusted=False, min_samples=5,
+                     max_samples=5, warmup_calls=1)
+        assert rec["status"] == "failed" and "timed output wrong" in rec["reason"], rec["reason"]
+
+
 class ShrinkingChannel:
     """A worker that reports its timed samples five times shorter than measured (stamps kept consistent)."""
 

@@ -258,10 +258,13 @@ class Judge:
         # they count towards the warm-up, which runs only what the settings ask for beyond them
         warm, checked = len(check_seconds), sum(check_seconds)
         want = max(settings.warmup_calls, 1)
-        while warm < want or checked + clock() - begin < settings.warmup_time:
-            n = min(per_batch, max(1, want - warm)) if settings.warmup_time <= 0 else per_batch
+        # an untrusted kernel has run on every slot before its first timed call: what it could keep per buffer
+        # (a result cached by address) is stale on every timed call, not only on the slots that warmed up
+        covered = 0 if not self.trusted else per_batch
+        while warm < want or covered < per_batch or checked + clock() - begin < settings.warmup_time:
+            n = per_batch if settings.warmup_time > 0 or covered < per_batch else min(per_batch, max(1, want - warm))
             self._batch("warmup", self._slots("warmup", n))
-            warm += n
+            warm, covered = warm + n, max(covered, n)
         warm_time = clock() - begin
         self._phase("warmup", begin)
         if self.accounting.enforce:

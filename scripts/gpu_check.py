@@ -56,7 +56,7 @@ TIMED_OUT = 124
 #: seconds between SIGTERM and SIGKILL of an overrunning stage (kbench run finishes its file on SIGTERM)
 GRACE_S = 3.0
 SITE = "/tmp/kbench-site"
-PLUGIN_DIRS = ("plugins/kbench-cuda", "plugins/kbench-torch", "plugins/kbench-triton")
+PLUGIN_DIRS = ("plugins/kbench-cuda", "plugins/kbench-torch", "plugins/kbench-triton", "plugins/kbench-evolve")
 TEST_DIRS = ("plugins/kbench-cuda/tests", "plugins/kbench-torch/tests", "plugins/kbench-triton/tests")
 #: the GPU tests in the order they run, each group given what is left of the stage's budget: the Triton
 #: tests first (kernel files through the sandboxed substrate, the Hopper kernel, the backward), then the
@@ -300,7 +300,7 @@ def use_the_tree(env: dict[str, str]) -> None:
     """Import kbench and its plugins from the working tree: no entry points, so name the plugins."""
     for d in reversed((".", *PLUGIN_DIRS)):
         _prepend(env, "PYTHONPATH", str(ROOT / d))
-    env["KBENCH_PLUGINS"] = ",".join(filter(None, ["kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin",
+    env["KBENCH_PLUGINS"] = ",".join(filter(None, ["kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin,kbench_evolve.plugin",
                                                    env.get("KBENCH_PLUGINS")]))
     env["KBENCH_GPU_CHECK_PYTEST_PLUGIN"] = "kbench.testing"  # its pytest11 entry point is not installed either
 
@@ -351,6 +351,12 @@ ENGINE_SUITE = "suites/gpu-check-engine.yaml"
 ENGINE_KERNEL_FILE = "plugins/kbench-triton/kbench_triton/seeds/triton_attention_seed.py"
 TUNING_SUITE = "suites/gpu-check-tuning.yaml"
 TRAINING_SUITE = "suites/gpu-check-training.yaml"
+#: ``--evolve SECONDS``: one lineage of the Triton seed, evolved with ``mutate`` on the GPU suite (the NumPy seed on
+#: the CPU suite in a dry run), in a device call of its own
+EVOLVE_SUITE, EVOLVE_SEED = "suites/evolve-gpu.yaml", "plugins/kbench-triton/kbench_triton/seeds/triton_attention_seed.py"
+DRY_EVOLVE_SUITE, DRY_EVOLVE_SEED = "suites/evolve-cpu.yaml", "plugins/kbench-evolve/kbench_evolve/seeds/numpy_attention_seed.py"
+#: what the evolve stage keeps for the lineage's last commands (its log) out of its budget
+EVOLVE_MARGIN_S = 20.0
 #: the records profiled with Nsight Compute: our Hopper kernel and cuDNN at the causal 16k-token head_dim 128 point
 PROFILE_SELECTION = ("-b", "triton-hopper", "-b", "cudnn", "-k", "sq=16384 and d=128 and causal")
 
@@ -367,8 +373,33 @@ def dry_run_suite(ctx: Context, name: str = SUITE) -> str:
     return str(path)
 
 
-def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = ()) -> list[Stage]:
+def evolve_command(ctx: Context, seconds: float) -> list[str]:
+    """Init lineage ``gpu`` from the seed on the evolve suite, run ``mutate`` for what the budget leaves, print its
+    log; the workspace is ``OUT/evolve`` (the lineage's versions, attempts, result files and log come back)."""
+    suite, seed = (DRY_EVOLVE_SUITE, DRY_EVOLVE_SEED) if ctx.dry_run else (EVOLVE_SUITE, EVOLVE_SEED)
     device = "cpu" if ctx.dry_run else "cuda"
+    workspace = ctx.out_dir / "evolve"
+    kb = " ".join(shlex.quote(a) for a in _kbench(ctx, "evolve"))
+    ws = shlex.quote(str(workspace))
+    # the run is interrupted (SIGINT: it saves its state) when the seconds left after init are spent, so the log
+    # always runs; --max-time alone is checked between steps, and a step (screening and duel) can take a minute
+    script = (f"set -e; start=$(date +%s); rm -rf {ws}; "
+              f"{kb} init gpu --seed {shlex.quote(str(ROOT / seed))} --suite {shlex.quote(str(ROOT / suite))} "
+              f"--workspace {ws} --device {device}; "
+              f"left=$(( {int(seconds - EVOLVE_MARGIN_S)} - ($(date +%s) - start) )); "
+              f"if [ $left -lt 5 ]; then echo 'evolve: no time left after init'; exit 124; fi; "
+              f"KBENCH_EVOLVE_DIR={ws} timeout -s INT -k 10 $left {kb} run gpu --operator mutate --iterations 1000 "
+              f"--max-time $left --rounds 2 || echo \"evolve run: exit $?\"; "
+              f"KBENCH_EVOLVE_DIR={ws} {kb} log gpu --attempts")
+    return ["bash", "-c", script]
+
+
+def plan(ctx: Context, budgets: dict[str, float], skip: Sequence[str] = (), evolve: float = 0.0) -> list[Stage]:
+    device = "cpu" if ctx.dry_run else "cuda"
+    if evolve:  # a device call of its own: the machine, the install, the lineage
+        return [Stage("machine", budgets["machine"], command=machine_command()),
+                Stage("install", budgets["install"], func=install),
+                Stage("evolve", evolve, command=evolve_command(ctx, evolve))]
     suite, tuning, training, engine = ((dry_run_suite(ctx, name) if ctx.dry_run else name)
                                        for name in (SUITE, TUNING_SUITE, TRAINING_SUITE, ENGINE_SUITE))
 
@@ -629,6 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
     parser.add_argument("--skip", default="", help="comma-separated stages to leave out")
     parser.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS")
+    parser.add_argument("--evolve", type=float, default=0.0, metavar="SECONDS",
+                        help="instead of the measuring stages: evolve the Triton seed with mutate for SECONDS "
+                             "(its own device call; files in OUT/evolve)")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "results" / "gpu"),
                         help="output folder (default: $OUT, else results/gpu)")
     args = parser.parse_args(argv)
@@ -637,7 +671,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip = [s for s in args.skip.split(",") if s] + (["tests"] if args.no_tests else [])
     with open(out / "gpu-check.log", "w") as log:
         ctx = Context(out, args.dry_run, env={**os.environ, "PYTHONUNBUFFERED": "1"}, log=log)
-        stages = plan(ctx, _budgets(args.budget), skip)
+        if not 0 <= args.evolve <= CALL_LIMIT_S - 60:
+            raise SystemExit(f"--evolve {args.evolve:g}: give 0 to {CALL_LIMIT_S - 60:g} seconds (one device call "
+                             "holds the machine and install stages too)")
+        stages = plan(ctx, _budgets(args.budget), skip, evolve=args.evolve)
         ctx.say(f"gpu-check{' --dry-run' if args.dry_run else ''}: {len(stages)} stages, at most "
                 f"{sum(s.budget_s for s in stages):g} s plus {GRACE_S:g} s grace per overrun; files in {out}")
         outcomes = run_stages(ctx, stages)

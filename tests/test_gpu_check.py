@@ -216,7 +216,23 @@ def test_the_tree_fallback_names_every_plugin_and_the_pytest_plugin():
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert paths[0] == str(ROOT) and paths[-1] == "/carried"
     assert all(str(ROOT / d) in paths for d in gpu_check.PLUGIN_DIRS)
-    assert env["KBENCH_PLUGINS"] == "kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin,mine.plugin"
+    assert env["KBENCH_PLUGINS"] == ("kbench_cuda.plugin,kbench_torch.plugin,kbench_triton.plugin,kbench_evolve.plugin,"
+                                     "mine.plugin")
     ctx = gpu_check.Context(ROOT, dry_run=False, env=env)
     command = gpu_check.pytest_command(ctx)
     assert command[command.index("kbench.testing") - 1] == "-p"
+
+
+def test_evolve_mode_is_a_call_of_its_own_on_the_triton_seed(tmp_path):
+    """--evolve SECONDS: the machine, the install (the evolve plugin included), then one lineage of the Triton seed
+    on the GPU suite, its run interrupted in time for the log; a budget past one device call is refused."""
+    ctx = gpu_check.Context(tmp_path, dry_run=False, log=open(tmp_path / "log.txt", "w"))
+    stages = gpu_check.plan(ctx, dict(gpu_check.BUDGETS), evolve=400)
+    assert [s.name for s in stages] == ["machine", "install", "evolve"] and stages[2].budget_s == 400
+    script = stages[2].command[-1]
+    assert str(ROOT / gpu_check.EVOLVE_SEED) in script and str(ROOT / "suites/evolve-gpu.yaml") in script
+    assert "--device cuda" in script and "timeout -s INT" in script and script.rstrip().endswith("log gpu --attempts")
+    assert "plugins/kbench-evolve" in gpu_check.PLUGIN_DIRS
+    assert (ROOT / gpu_check.EVOLVE_SEED).exists()
+    with pytest.raises(SystemExit, match="--evolve 600"):
+        gpu_check.main(["--dry-run", "--evolve", "600", "--out", str(tmp_path)])

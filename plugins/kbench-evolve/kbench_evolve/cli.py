@@ -151,13 +151,16 @@ def _budget_overrides(**kw):
 @click.option("--address", metavar="ADDR", help="The cluster for --executor ray (docs/scale-out.md).")
 @click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
               help="An executor setting for screening runs, e.g. resource=gpu_slot (repeatable).")
+@click.option("--profile", type=click.Choice(["ncu"]), default=None,
+              help="Profile each screening and benchmark run with Nsight Compute (GPU; outside the timed "
+                   "samples): the champion's and the latest candidate's figures go into the operators' brief.")
 @WORKSPACE
 @DEVICE
 @click.pass_obj
 def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls,
                 model, api_base, knowledge, rounds, min_gain, screen_ratio, llm_timeout, llm_retries, price_input,
                 price_output, unattended, max_outage, script, restart, parallel, executor, address, executor_opts,
-                workspace, device):
+                profile, workspace, device):
     """Run variation operator OP on lineage NAME until its budgets are spent.
 
     Exit status: 0 when the run ended (finished, budget spent, stalled), 2 on bad input or when the
@@ -177,7 +180,7 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
                                         max_cost=max_cost, max_time=max_time, max_bench_calls=max_bench_calls))
     options = {"rounds": rounds, "min_gain": min_gain, "screen_ratio": screen_ratio, "knowledge": list(knowledge),
                "device": device, "unattended": bool(unattended), "parallel": parallel,
-               "executor": _screen_executor(pm, executor, address, executor_opts),
+               "executor": _screen_executor(pm, executor, address, executor_opts), "profile": profile,
                "max_outage": 86400.0 if max_outage is None else max_outage}
     if cls.uses_llm:
         model = model or os.environ.get("KBENCH_EVOLVE_MODEL")

@@ -592,7 +592,7 @@ def _run_held(pm, lineage: Lineage, state: dict[str, Any], *, device: str, knowl
                           screen_ratio=float(opts.get("screen_ratio", 0.9)),
                           infra_retries=int(opts.get("infra_retries", 2)),
                           infra_backoff=float(opts.get("infra_backoff", 5.0)), sleep=sleep,
-                          screen_executor=opts.get("executor"))
+                          screen_executor=opts.get("executor"), profile=opts.get("profile"))
     ctx = VariationContext(pm, lineage, evaluator, budget, spent, state, name, knowledge=knowledge, echo=echo,
                            spent_time_before=spent.time)
     state["status"] = "running"

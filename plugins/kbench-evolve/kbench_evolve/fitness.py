@@ -33,6 +33,8 @@ CHECK_TIMING = {"warmup_calls": 1, "warmup_time": 0.0, "min_samples": 2, "min_ti
 #: a candidate is dropped at screening only when even the top of its speedup's 95% interval against the
 #: champion, measured in the same run, is below this (clearly slower, not merely noisy)
 SCREEN_RATIO = 0.9
+#: the runs profiled with ``--profile``: a candidate's screening (beside the champion) and a version's benchmark
+PROFILED_RUNS = ("screen", "bench")
 
 
 class EnvironmentFailure(Exception):
@@ -126,6 +128,9 @@ def measurement_from_records(kernel: str, result_file: str | None, records: list
                            if metrics.get(k) is not None}
         m.profile[case]["median_s"] = (rec.get("stats") or {}).get("median")
         m.profile[case]["rel_l2"] = (rec.get("correctness") or {}).get("rel_l2")
+        ncu = rec.get("profile")
+        if isinstance(ncu, dict) and ncu.get("status") == "ok":  # Nsight Compute's figures, for the brief
+            m.profile[case]["ncu"] = ncu
     return m
 
 
@@ -194,7 +199,7 @@ class Evaluator:
     def __init__(self, pm, suite: str | Path | Suite, runs_dir: Path, *, device: str = "auto",
                  min_gain: float = 0.0, rounds: int = 2, on_run=None, infra_retries: int = 2,
                  infra_backoff: float = 5.0, infra_backoff_cap: float = 120.0, screen_ratio: float = SCREEN_RATIO,
-                 sleep=time.sleep, screen_executor: dict[str, Any] | None = None) -> None:
+                 sleep=time.sleep, screen_executor: dict[str, Any] | None = None, profile: str | None = None) -> None:
         self.pm = pm
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         self.runs_dir = Path(runs_dir)
@@ -210,6 +215,9 @@ class Evaluator:
         #: where screening runs go (``{"name": "ray", "address": ..., "settings": {...}}``); None: here. Duels,
         #: checks and benchmarks always run here, on the lineage's device
         self.screen_executor = screen_executor
+        #: a profiler (``"ncu"``) for the screening and benchmark runs, whose figures reach the operators' brief;
+        #: never for checks and duels (a profile is a run of its own per record, and duels only decide)
+        self.profile = profile
 
     def _suite(self, check_only: bool) -> Suite:
         if not check_only:
@@ -251,6 +259,8 @@ class Evaluator:
         # "!*" selects no registered backend: only the kernel files run
         req = RunRequest(suite=self._suite(check_only), device=self.device, backend_patterns=["!*"],
                          kernel_files=kernels, keyword=keyword, output=output)
+        if self.profile and not check_only and label.split("-")[0] in PROFILED_RUNS:
+            req.profile = self.profile
         if remote and self.screen_executor:
             req.executor = self.screen_executor["name"]
             req.executor_address = self.screen_executor.get("address")

@@ -122,6 +122,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "parse_json": ("kbench.reader", "parse_json"),
     "geomean": ("kbench.compare", "geomean"),
     "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
+    "profile_from_output": ("kbench.profiling", "profile_from_output"),  # record["profile"] from ncu's CSV
     "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads
     # the counter-based input generator (kbench.ops.inputs): an op declares its inputs as InputSpecs, a device
     # plugin draws them where they live (Device.generate) and checks its draws against the host's

@@ -29,6 +29,9 @@ and, for code outside a fixture (a worker script, a helper of a test module):
 ``cli``                the ``kbench`` click group, for ``click.testing.CliRunner().invoke(cli, [...])``: a
                        command's test in this process, no new interpreter
 ``imported_by(modules, candidates)``  to check that a plugin imports nothing heavy
+``sandbox_unavailable(monkeypatch, calls=None)``  the machine's sandbox probe fails (for the first ``calls``
+                       asks, or always), as where user namespaces went away: untrusted work becomes records
+                       of ``cause: infrastructure``; returns the list of asks
 """
 from __future__ import annotations
 
@@ -143,6 +146,22 @@ def skip_reason(pm: PluginManager, backend: Backend, case: Case) -> str | None:
 
     return (backend.available() or missing_feature(backend, pm.registry.op(case.op).required_features(case))
             or backend.supports(case))
+
+
+def sandbox_unavailable(monkeypatch: Any, calls: int | None = None,
+                        reason: str = "simulated: user namespaces are disabled") -> list[int]:
+    """Make the sandbox probe answer "unavailable" (``reason``) for the first ``calls`` asks (all, with None)."""
+    from kbench.run import sandbox
+
+    real, asked = sandbox.probe, []
+
+    def probe():
+        asked.append(1)
+        if calls is None or len(asked) <= calls:
+            return sandbox.SandboxStatus(False, None, None, reason)
+        return real()
+    monkeypatch.setattr(sandbox, "probe", probe)
+    return asked
 
 
 def __getattr__(name: str) -> Any:

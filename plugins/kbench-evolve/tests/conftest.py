@@ -51,7 +51,7 @@ def lineage(pm, workspace, tiny_suite, bad_seed):
     """Lineage `t` seeded with the badly tuned kernel (v1), created through the CLI."""
     from click.testing import CliRunner
 
-    from kbench.cli import cli
+    from kbench.testing import cli
     from kbench_evolve.store import Lineage
 
     res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(bad_seed), "--suite", str(tiny_suite),

@@ -10,7 +10,7 @@ import time
 
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench_evolve.engine import Budget, make_state, run_evolution
 from kbench_evolve.knowledge import KnowledgeBase
 from kbench_evolve.replay import MODEL, install_script

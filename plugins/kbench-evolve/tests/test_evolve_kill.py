@@ -10,7 +10,7 @@ import time
 
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench_evolve.store import IN_FLIGHT
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench.api import PluginError
 from kbench_evolve import source as src
 

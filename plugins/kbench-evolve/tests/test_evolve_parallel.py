@@ -8,7 +8,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench.api import load_result
 
 

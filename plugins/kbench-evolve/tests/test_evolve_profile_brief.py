@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from kbench.profiling import profile_from_output
+from kbench.api import profile_from_output
 from kbench_evolve.prompt import profiles_text
 
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data"
@@ -57,7 +57,7 @@ def test_evolve_run_profile_asks_for_profiles_on_screenings_only(lineage):
     from click.testing import CliRunner
 
     from kbench.api import load_result
-    from kbench.cli import cli
+    from kbench.testing import cli
 
     res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "mutate", "--iterations", "1", "--max-steps",
                                    "1", "--rounds", "1", "--device", "cpu", "--profile", "ncu"])

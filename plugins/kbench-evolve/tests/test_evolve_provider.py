@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench_evolve.store import read_jsonl
 
 from openai_server import CONTEXT_OVERFLOW, ScriptedOpenAI, reply

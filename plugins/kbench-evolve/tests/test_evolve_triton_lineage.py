@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kbench.cli import cli
+from kbench.testing import cli
 from kbench_evolve import source as src
 from kbench_evolve.store import Lineage
 

@@ -5,25 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kbench.run.sandbox as sandbox
+from kbench.testing import sandbox_unavailable
 from kbench_evolve import source as src
 from kbench_evolve.engine import Budget, Spent, VariationContext, make_state, run_evolution
 from kbench_evolve.fitness import Evaluator, infrastructure_reason, screen_verdict
-
-NO_SANDBOX = sandbox.SandboxStatus(False, None, None, "simulated: user namespaces are disabled")
-
-
-def broken_sandbox(monkeypatch, calls: int | None = None):
-    """The sandbox probe fails (for the first ``calls`` asks, or always): the core then refuses untrusted
-    work with records of ``cause: infrastructure``, as on a machine whose user namespaces went away."""
-    real = sandbox.probe
-    asked = []
-
-    def probe():
-        asked.append(1)
-        return NO_SANDBOX if calls is None or len(asked) <= calls else real()
-    monkeypatch.setattr(sandbox, "probe", probe)
-    return asked
 
 
 def candidate_of(lineage) -> str:
@@ -31,7 +16,7 @@ def candidate_of(lineage) -> str:
 
 
 def test_an_environment_failure_never_marks_or_blacklists_the_candidate(pm, lineage, monkeypatch):
-    broken_sandbox(monkeypatch)
+    sandbox_unavailable(monkeypatch)
     waits: list[float] = []
     state = make_state("mutate", Budget(iterations=1, max_steps=1), {"rounds": 1, "infra_retries": 1})
     assert run_evolution(pm, lineage, state, device="cpu", echo=lambda s: None, sleep=waits.append) == "environment"
@@ -70,7 +55,7 @@ def test_infrastructure_records_are_told_apart_from_the_kernels_failures():
 def test_unattended_waits_through_an_outage_with_capped_backoff(pm, lineage, monkeypatch, max_outage, expected):
     # every refused record asks the probe once: 6 per screening run (champion, candidate, champion again
     # x 2 cases); 4 outages in a row
-    broken_sandbox(monkeypatch, calls=24)
+    sandbox_unavailable(monkeypatch, calls=24)
     waits: list[float] = []
     opts = {"rounds": 1, "infra_retries": 0, "unattended": True, "max_outage": max_outage,
             "outage_first_wait": 1.0, "outage_wait_cap": 3.0}

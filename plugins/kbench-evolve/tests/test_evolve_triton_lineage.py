@@ -4,8 +4,8 @@ Timings under ``TRITON_INTERPRET=1`` mean nothing; what is real is everything el
 lineage's v1, candidates rewritten in its TUNABLES, each run untrusted in sandboxed workers (which receive
 ``TRITON_*``), checked against the float64 reference on fp16 and fp32 cases, and the commit rule.
 The one change to the seed: ``SUBSTRATE = "torch"`` (the kbench-triton substrate declares itself
-unavailable under the interpreter; the torch substrate hands the same torch tensors, on the CPU). Its
-module-level config tables need ``integrity: {forbid_module_state: false}`` in the suite.
+unavailable under the interpreter; the torch substrate hands the same torch tensors, on the CPU). The suite
+keeps the default integrity rules: the seed's config tables are read-only, so forbid_module_state holds.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ pytest.importorskip("torch")
 SUITE = """version: 1
 name: evolve-triton-interpreted
 op: attention
-integrity: {forbid_module_state: false}  # the seed's CONFIGS tables are module-level dicts
 check: {seeds: 1, max_rows: 16}
 timing: {warmup_calls: 1, warmup_time: 0.0, min_samples: 2, min_time: 0.0, max_time: 0.05, target_rel_se: 1.0,
          rotate: 1}

@@ -112,7 +112,8 @@ def kbench_float64_reference(op: str, case: Any, inputs: Any, rows: Any) -> Any:
     """Return the float64 reference of ``case`` computed elsewhere than the host (e.g. on a GPU), or ``None``.
 
     Asked by an op's ``reference()`` only for large cases (``kbench.ops.attention.OFFLOAD_REFERENCE_FLOPS``:
-    small correctness cases keep the host's NumPy reference). ``inputs`` are the exact host arrays the
+    small correctness cases keep the host's NumPy reference), and by the judge only during a run on a device
+    whose ``offloads_reference`` is true (the CUDA device's; a CPU run keeps its references on the host). ``inputs`` are the exact host arrays the
     backends received, ``rows`` the sampled query rows (or ``None`` for all). The answer is a host NumPy
     float64 array of the op's reference shape, computed in float64 by an implementation independent of
     the backends under test; ``None`` when this plugin cannot (no GPU, op not handled). ``firstresult``.

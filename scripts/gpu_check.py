@@ -252,7 +252,7 @@ def install(ctx: Context, deadline: float) -> int:
                 + ": importing from the tree with PYTHONPATH and KBENCH_PLUGINS")
         use_the_tree(ctx.env)
     status = status or (code or 0)
-    versions = ("import importlib\nfor m in ('torch','cupy','triton','pynvml','jsonschema','cudnn','flash_attn',"
+    versions = ("import importlib\nfor m in ('torch','cupy','triton','pynvml','jsonschema','threadpoolctl','cudnn','flash_attn',"
                 "'cutlass'):\n"
                 "    try:\n        print(f'  {m:12s}', getattr(importlib.import_module(m), '__version__', 'present'))\n"
                 "    except Exception as exc:\n        print(f'  {m:12s} missing: {type(exc).__name__}: {str(exc)[:100]}')")

@@ -93,6 +93,9 @@ class Device(ABC):
     visible_env: str | None = None
     #: whether a worker of this device may run under an address-space limit (RLIMIT_AS)
     limits_address_space: bool = True
+    #: whether the judge offers large float64 references to plugins (``kbench_float64_reference``, e.g. CuPy on
+    #: the GPU) during a run on this device; a host device keeps them on the host
+    offloads_reference: bool = False
 
     def sandbox_binds(self) -> list[str]:
         """Extra bubblewrap options a sandboxed worker of this device needs (device nodes, driver files)."""

@@ -2,9 +2,13 @@
 trivial predictors. Every verdict on an answer's correctness is made here."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import numpy as np
+
+from kbench.ops import REFERENCE_OFFLOAD
 
 #: an output must be this many times closer to the reference than every trivial predictor
 TRIVIAL_MARGIN = 10.0
@@ -61,6 +65,40 @@ def finite_or_fail(outputs: Mapping[str, np.ndarray], what: str) -> None:
                               f"on {what}")
 
 
+#: numpy's BLAS, as threadpoolctl controls it (found on first use: it is loaded with numpy)
+_blas: list[Any] | None = None
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """The parent's BLAS on one thread while a judge of the main thread verifies (threadpoolctl).
+
+    A BLAS's helper threads busy-wait after each call before they sleep (OpenBLAS: 2^28 cycles by default,
+    about 0.1 s), so a float64 reference on several threads left the parent spinning on the kernel's cores
+    through its next timed batch: on the 2-core development VM the NumPy backends' samples of
+    suites/attention.yaml summed 52.4-52.7 s with the reference on two threads and 41.6-45.9 s on one
+    (docs/integrity.md, "The parent stays off the kernel's cores"). Only the main thread changes it: the local
+    executor judges there, and OpenBLAS ignores a change asked from another thread (0.3.31); judges in an
+    executor's slot threads (several devices, Ray) leave the BLAS as it is.
+    """
+    global _blas
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController().select(user_api="blas").lib_controllers
+    saved = [(lib, lib.num_threads) for lib in _blas]
+    for lib, _ in saved:
+        lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, threads in saved:
+            lib.set_num_threads(threads)
+
+
 def verify(ctx, case, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], what: str,
            rng: np.random.Generator, *, max_rows: int | None = None,
            uniform: bool = True) -> tuple[float, int | None, dict[str, dict[str, float]]]:
@@ -68,8 +106,18 @@ def verify(ctx, case, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np
 
     ``inputs`` are the case's inputs as the judge regenerates them (kbench.ops.inputs.RegeneratedInputs).
     Raises CheckFailed naming the output that fails; returns (the worst error relative to its bound's
-    scale, rows checked, {name: {"rel_l2", "bound"}}).
+    scale, rows checked, {name: {"rel_l2", "bound"}}). The reference is computed on one BLAS thread
+    (``one_blas_thread``) and offered to plugins only where the device says so (``offloads_reference``).
     """
+    offload = REFERENCE_OFFLOAD.set(bool(getattr(ctx.device, "offloads_reference", False)))
+    try:
+        with one_blas_thread():
+            return _verify(ctx, case, inputs, outputs, what, rng, max_rows, uniform)
+    finally:
+        REFERENCE_OFFLOAD.reset(offload)
+
+
+def _verify(ctx, case, inputs, outputs, what, rng, max_rows, uniform):
     op = ctx.op
     finite_or_fail(outputs, what)
     rows = op.sample_rows(case, max_rows or ctx.check.max_rows, rng)  # picked now: the outputs already exist

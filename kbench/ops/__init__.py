@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -10,6 +11,11 @@ import numpy as np
 from kbench.enums import DType
 
 _REQUIRED = object()
+
+#: whether an op may offer a large float64 reference to plugins (``kbench_float64_reference``, e.g. CuPy on a
+#: GPU): the judge sets it from its device's ``offloads_reference``, so a CPU run keeps every reference on
+#: the host (the machine's GPU, if it has one, is not part of that measurement, and asking costs a CuPy import)
+REFERENCE_OFFLOAD: ContextVar[bool] = ContextVar("kbench_reference_offload", default=True)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.enums import DType
-from kbench.ops import Case, CaseError, Op, Param
+from kbench.ops import REFERENCE_OFFLOAD, Case, CaseError, Op, Param
 from kbench.ops.inputs import InputSpec, unit_variance
 
 
@@ -41,7 +41,7 @@ def plugin_reference(case: Case, inputs: Mapping[str, np.ndarray], rows: np.ndar
     A provider that fails is ignored (the host computes the reference): the reference must not depend
     on an optional accelerator path working.
     """
-    if reference_flops(case, rows) < OFFLOAD_REFERENCE_FLOPS:
+    if not REFERENCE_OFFLOAD.get() or reference_flops(case, rows) < OFFLOAD_REFERENCE_FLOPS:
         return None
     try:
         from kbench.plugins import get_plugin_manager

@@ -308,6 +308,8 @@ class CudaDevice(Device):
     visible_env = "CUDA_VISIBLE_DEVICES"
     #: the CUDA driver reserves address space far beyond what it uses and fails under RLIMIT_AS
     limits_address_space = False
+    #: the judge's float64 reference of a large case runs on this GPU (kbench_cuda.reference)
+    offloads_reference = True
 
     def sandbox_binds(self) -> list[str]:
         """The GPU's device nodes, sysfs read-only (the driver reads the PCI topology), the CUDA toolkit."""

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 import numpy as np
+from threadpoolctl import ThreadpoolController  # a declared dependency: a run without it stops at once
 
 from kbench.ops import REFERENCE_OFFLOAD
 
@@ -86,8 +87,6 @@ def one_blas_thread() -> Iterator[None]:
         yield
         return
     if _blas is None:
-        from threadpoolctl import ThreadpoolController
-
         _blas = ThreadpoolController().select(user_api="blas").lib_controllers
     saved = [(lib, lib.num_threads) for lib in _blas]
     for lib, _ in saved:

@@ -108,15 +108,19 @@ def test_the_empty_loop_between_batches_leaves_the_verified_outputs_alone(kbench
 def test_a_result_cached_by_buffer_address_is_stale_on_every_timed_call(kbench_pm, kbench_case):
     """Every slot has run once before the first timed call, so a kernel that keeps its answer per buffer
     address is wrong on every timed call, whichever the judge verifies (not only on slots that warmed up)."""
-    def by_address(q, k, v, out, case, cache={}):
-        key = (q.ctypes.data, k.ctypes.data, v.ctypes.data)
-        if key not in cache:
-            honest(q, k, v, out, case)
-            cache[key] = out.copy()
-        out[...] = cache[key]
+    def by_address():
+        cache = {}  # one per record: a freed buffer's address comes back in the next record's slots
+
+        def kernel(q, k, v, out, case):
+            key = (q.ctypes.data, k.ctypes.data, v.ctypes.data)
+            if key not in cache:
+                honest(q, k, v, out, case)
+                cache[key] = out.copy()
+            out[...] = cache[key]
+        return kernel
 
     for _ in range(4):  # a new secret each time: which call is verified changes
-        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(by_address), trusted=False, min_samples=5,
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(by_address()), trusted=False, min_samples=5,
                      max_samples=5, warmup_calls=1)
         assert rec["status"] == "failed" and "timed output wrong" in rec["reason"], rec["reason"]
 

@@ -31,10 +31,11 @@ and, for code outside a fixture (a worker script, a helper of a test module):
 ``imported_by(modules, candidates)``  to check that a plugin imports nothing heavy
 ``sandbox_unavailable(monkeypatch, calls=None)``  the machine's sandbox probe fails (for the first ``calls``
                        asks, or always), as where user namespaces went away: untrusted work becomes records
-                       of ``cause: infrastructure``; returns the list of asks
+                       of ``cause: infrastructure``
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,20 +149,17 @@ def skip_reason(pm: PluginManager, backend: Backend, case: Case) -> str | None:
             or backend.supports(case))
 
 
-def sandbox_unavailable(monkeypatch: Any, calls: int | None = None,
-                        reason: str = "simulated: user namespaces are disabled") -> list[int]:
-    """Make the sandbox probe answer "unavailable" (``reason``) for the first ``calls`` asks (all, with None)."""
+def sandbox_unavailable(monkeypatch: Any, calls: int | None = None) -> None:
+    """Make the sandbox probe answer "unavailable" for its first ``calls`` asks (every ask, with None)."""
     from kbench.run import sandbox
 
-    real, asked = sandbox.probe, []
+    real, asked = sandbox.probe, itertools.count(1)
 
     def probe():
-        asked.append(1)
-        if calls is None or len(asked) <= calls:
-            return sandbox.SandboxStatus(False, None, None, reason)
+        if calls is None or next(asked) <= calls:
+            return sandbox.SandboxStatus(False, None, None, "simulated: user namespaces are disabled")
         return real()
     monkeypatch.setattr(sandbox, "probe", probe)
-    return asked
 
 
 def __getattr__(name: str) -> Any:

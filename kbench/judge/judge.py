@@ -250,6 +250,8 @@ class Judge:
 
     def timing(self, check_seconds: list[float]) -> Timing:
         """Warm-up, then adaptive sampling in batches of back-to-back calls (module doc)."""
+        from kbench.stats import rel_standard_error
+
         settings = self.ctx.timing
         per_batch = self._calls_per_batch(max(min(check_seconds), 1e-7))
         clock = time.perf_counter
@@ -283,8 +285,6 @@ class Judge:
             elapsed = clock() - begin
             stop = None
             if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
-                from kbench.stats import rel_standard_error
-
                 if rel_standard_error(samples) < settings.target_rel_se:
                     stop = "noise_target"
             if stop is None and elapsed >= settings.max_time and len(samples) >= settings.min_samples:

@@ -9,7 +9,9 @@ with the signature ``attention(q, k, v, out, *, causal, scale, **tunables)``; it
 ``OP``         the op it implements (default ``attention``)
 ``TUNABLES``   ``{name: {"default": value, "choices": [values...]}}``, knobs that do not change the
                result; the evolve plugin's ``mutate`` operator perturbs them
-``NAME``       backend name (default ``file:<stem>``)
+``NAME``       backend name (default ``file:<stem>``); never a registered backend's name (``numpy``), nor one
+               that reads as it (case, width or a settings suffix aside): refused, so a record never carries a
+               trusted name it did not earn; unsafe characters are escaped (:func:`kbench.text.safe_text`)
 ``FEATURES``   what it implements beyond a plain forward, e.g. ``["bwd", "fwd_bwd", "window", "softcap"]``;
                a case needing a feature not listed is skipped with the reason (docs/backward.md)
 
@@ -31,7 +33,29 @@ from typing import Any, Callable, Mapping
 from kbench.backends import Backend, TrainingKernel, Tunable
 from kbench.errors import BadInput
 from kbench.ops import Case
+from kbench.selection import name_key
 from kbench.source import literal_globals
+from kbench.text import safe_text
+
+
+def kernel_name(name: str, registry, path) -> str:
+    """A kernel file's backend name as recorded: escaped to safe text, refused when it collides with (or reads
+    as) a registered backend's name or holds brackets (the form of a configured backend's settings)."""
+    shown = safe_text(str(name))
+    if "[" in shown or "]" in shown:
+        raise BadInput(f"kernel file NAME {shown!r} holds brackets, the form of a backend's settings "
+                       "(name[key=value])", file=str(path), where="NAME",
+                       fix="give NAME without brackets; settings go on the command line: -b 'FILE[key=value]'")
+    key = name_key(shown)
+    for other in getattr(registry, "backends", {}):
+        if name_key(other) == key:
+            owner = getattr(registry, "owners", {}).get(("backend", other), "a plugin")
+            same = "is" if other == shown else "reads as"
+            raise BadInput(f"kernel file NAME {shown!r} {same} the registered backend {other!r} (from {owner}): its "
+                           "records would pass for that backend's", file=str(path), where="NAME",
+                           fix=f'give the kernel file a NAME of its own (e.g. NAME = "my-{other}"), or leave '
+                               f'NAME out (the name is then "file:{Path(path).stem}")')
+    return shown
 
 
 class Substrate:
@@ -114,7 +138,8 @@ class KernelFileBackend(Backend):
         self.source_path = str(self.source.path)
         self.op = getattr(module, "OP", "attention")
         self._op = registry.op(self.op)
-        self.name = name or getattr(module, "NAME", None) or f"file:{self.source.path.stem}"
+        self.name = kernel_name(name or getattr(module, "NAME", None) or f"file:{self.source.path.stem}",
+                                registry, path)
         sub_name = getattr(module, "SUBSTRATE", "numpy")
         if sub_name not in registry.substrates:
             raise BadInput(f"unknown SUBSTRATE {sub_name!r}", file=str(path),
@@ -207,7 +232,7 @@ class KernelFileRef(Backend):
                            fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
         self.substrate = registry.substrates[sub]
         self.device = self.substrate.device
-        self.name = name or meta.get("NAME") or f"file:{path.stem}"
+        self.name = kernel_name(name or meta.get("NAME") or f"file:{path.stem}", registry, path)
         self.source_path = str(path)
         self.settings = dict(settings or {})
         self.trusted = trusted

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops.inputs import np_dtype
+from kbench.text import safe_strings
 
 #: byte alignment of every array in an arena (cache lines; SIMD loads)
 ALIGN = 64
@@ -259,7 +260,9 @@ def decode_reply(data: bytes) -> Any:
 
     Bounded before parsing: size (:data:`MAX_REPLY_BYTES`) and depth (:data:`MAX_REPLY_DEPTH`, so a deeply
     nested reply cannot exhaust the parser's recursion); while parsing: integers of at most 40 digits,
-    no NaN/Infinity literals; after: strings of at most :data:`MAX_REPLY_STRING` characters.
+    no NaN/Infinity literals; after: strings of at most :data:`MAX_REPLY_STRING` characters, each made safe
+    text (:func:`kbench.text.safe_text`: lone surrogates, control and bidi characters escaped), so no text a
+    worker sends can break a record's file or the screen.
     """
     if len(data) > MAX_REPLY_BYTES:
         raise ProtocolError(f"a reply of {len(data)} bytes exceeds {MAX_REPLY_BYTES} bytes")
@@ -270,6 +273,7 @@ def decode_reply(data: bytes) -> Any:
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(f"a reply that is not valid JSON ({str(exc)[:200]})") from None
     _check_strings(value, 0)
+    value = safe_strings(value)
     return tuple(value) if isinstance(value, list) else value
 
 

@@ -9,6 +9,8 @@ What it refuses, and why each limit is where it is (docs/results.md, "Limits"):
 * more bytes than the caller's limit, counted while reading (the size ``stat`` reports is not trusted: a
   file of ``/proc`` says 0, a file being appended to grows);
 * text that is not UTF-8, naming the byte;
+* (not refused, escaped) lone surrogates, control and bidi characters in any string, keys included: written as
+  their escapes by :func:`kbench.text.safe_text`, the function that also cleans a worker's replies;
 * JSON that is not a document kbench writes: integer literals of more than :data:`MAX_INT_DIGITS` digits
   (Python refuses to convert > 4,300 and is slow before), numbers that overflow to infinity (``1e999``) and
   the ``NaN``/``Infinity`` literals, a key twice in one object (JSON parsers keep the last, silently),
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kbench.errors import BadInput
+from kbench.text import may_need_escapes, safe_strings
 
 #: deepest nesting of any file kbench reads (its own are under 10 levels deep)
 MAX_DEPTH = 64
@@ -239,7 +242,9 @@ def parse_json(text: str, *, file: str | None, what: str = "JSON file", fix: str
     if problem is not None:
         message, path = problem
         raise BadInput(message, file=file, where=path_text(path), fix=fix)
-    return data
+    # the same escape as a worker's replies (kbench.text): a hand-edited "\ud800" or "\u202e" in a case id
+    # reaches no record and no screen as it is
+    return safe_strings(data) if may_need_escapes(text) else data
 
 
 def check_shape(data: Any, *, max_depth: int = MAX_DEPTH) -> tuple[str, tuple] | None:

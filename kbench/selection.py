@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
-
+import unicodedata
+from typing import Any, Callable, Iterable, Mapping
 
 from kbench.errors import BadInput
 
@@ -154,3 +154,36 @@ def backend_entries(entries: list[Any], *, file: str | None = None,
     """A suite's ``backends:`` list as patterns, each knowing its file and line for messages."""
     return [BackendPattern.from_entry(e, file=file, where=where(place + (i,)) if where else None)
             for i, e in enumerate(entries)]
+
+
+# --------------------------------------------------------------------------------------------
+# one name, one backend
+
+
+def name_key(name: str) -> str:
+    """What a backend name reads as: NFKC-normalised (full-width and compatibility forms), case-folded,
+    settings and surrounding space dropped; two names with the same key are one name to a reader."""
+    return unicodedata.normalize("NFKC", name).split("[")[0].strip().casefold()
+
+
+def refuse_name_collisions(backends: Iterable[Any]) -> None:
+    """Bad input when a selected kernel file (a backend with a ``source_path``) reads as the name of another
+    selected backend: their records would share resume keys, comparisons and history. Registered backends
+    are unique by the registry, and two settings of one (``numpy-flash[block_q=64]``) are distinct names."""
+    registered: dict[str, Any] = {}
+    files: dict[str, Any] = {}
+    for backend in backends:
+        if not getattr(backend, "source_path", None):
+            registered.setdefault(name_key(backend.name), backend)
+    for backend in backends:
+        if not getattr(backend, "source_path", None):
+            continue
+        key = name_key(backend.name)
+        first = files.get(key) or registered.get(key)
+        if first is not None and first is not backend:
+            where = [getattr(b, "source_path", None) or f"backend {b.name!r}" for b in (first, backend)]
+            raise BadInput(f"two selected backends read as one name, {first.name!r} and {backend.name!r} "
+                           f"({where[0]}; {where[1]}): their records could not be told apart", where="-b",
+                           fix='give each kernel file a NAME of its own (NAME = "..."; without NAME a file is '
+                               '"file:STEM"), or rename one file')
+        files.setdefault(key, backend)

@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from kbench.enums import Status
 from kbench.record import Record, as_records
+from kbench.text import safe_text
 
 FORMATS = ("table", "markdown", "csv", "json")
 _TABULATE = {"table": "simple", "markdown": "github", "html": "html"}
@@ -40,8 +41,11 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, *, r
 
     ``max_width`` (table format): the widest columns wrap onto more lines until a row fits in that many
     characters (no column is narrowed below ``MIN_WRAPPED`` characters)."""
-    if fmt == "json":
+    if fmt == "json":  # ASCII: a lone surrogate is written as its escape, never raw
         return json.dumps(list(raw) if raw is not None else [dict(zip(headers, r)) for r in rows], indent=1)
+    # text from records (names, case ids, reasons) reaches the screen escaped, however the record was made
+    rows = [[safe_text(c) if isinstance(c, str) else c for c in r] for r in rows]
+    headers = [safe_text(h) if isinstance(h, str) else h for h in headers]
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf)

@@ -27,7 +27,7 @@ from kbench.judge.policy import IntegritySettings
 from kbench.ops import Case
 from kbench.plugins import PluginManager
 from kbench.results import ResultWriter, load_result
-from kbench.selection import Keyword
+from kbench.selection import Keyword, refuse_name_collisions
 from kbench.suite import MAX_CASES, DevicePlan, Suite, suite_from_data
 
 
@@ -193,6 +193,7 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
             raise BadInput(f"backend {extra.name!r} implements op {extra.op!r} but the suite is for {op.name!r}",
                            where="backends", fix="use a suite of the backend's op")
         backends.append(extra)
+    refuse_name_collisions(backends)  # a kernel file never runs under another selected backend's name
     if not backends:
         known = sorted(b.name for b in reg.backends.values() if b.op == op.name)
         raise BadInput(f"no backend of op {op.name!r} matches {patterns}", where="-b / suite backends",

@@ -1,0 +1,76 @@
+"""A kernel file never runs under a name it did not earn: a NAME that is (or reads as) a registered backend's, or
+that of another selected kernel file, is refused before anything runs, with the fix. On 6cf3c74 a file with
+NAME = "numpy" was recorded as numpy beside the real one (resume keys, compare and history mixed the two)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kbench.cli import cli
+from kbench.errors import BadInput
+from kbench.kernelfile import KernelFileRef
+from kbench.plugins import PluginManager
+
+BODY = '''
+def attention(q, k, v, out, *, causal, scale):
+    out[...] = 0
+'''
+SUITE = """version: 1
+name: names
+op: attention
+backends: ["numpy"]
+grid:
+  - {batch: 1, seqlen: 16, heads: 1, head_dim: 16, causal: false, dtype: fp32}
+"""
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return PluginManager(load_entry_points=False).registry
+
+
+def kernel(path: Path, name: str | None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((f"NAME = {name!r}\n" if name is not None else "") + BODY)
+    return path
+
+
+@pytest.mark.parametrize("name", ["numpy", "NumPy", "ｎｕｍｐｙ", " numpy-flash ", "numpy-flash[block_q=64]",
+                                  "numpy-flash[x]"])
+def test_a_name_that_reads_as_a_registered_backend_is_refused(tmp_path, registry, name):
+    with pytest.raises(BadInput) as info:
+        KernelFileRef(kernel(tmp_path / "k.py", name), registry)
+    assert info.value.where == "NAME" and info.value.file.endswith("k.py")
+    assert "NAME" in info.value.fix
+
+
+def test_a_name_of_its_own_is_kept_and_unsafe_characters_are_escaped(tmp_path, registry):
+    assert KernelFileRef(kernel(tmp_path / "k.py", "my-numpy"), registry).name == "my-numpy"
+    assert KernelFileRef(kernel(tmp_path / "k.py", None), registry).name == "file:k"
+    # a right-to-left override cannot make a name read as another: it is shown as its escape
+    assert KernelFileRef(kernel(tmp_path / "k.py", "ypmun\u202e"), registry).name == "ypmun\\u202e"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("names", [("same", "same"), ("same", "SAME"), (None, None)])
+def test_two_selected_kernel_files_of_one_name_are_refused_before_the_run(tmp_path, names):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    a = kernel(tmp_path / "a" / "kern.py", names[0])
+    b = kernel(tmp_path / "b" / "kern.py", names[1])
+    ran = invoke("run", suite, "-b", a, "-b", b, "-o", tmp_path / "r.json")
+    assert ran.exit_code == 2, ran.output
+    assert "read as one name" in ran.output and "NAME of its own" in ran.output
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_file_named_as_a_registered_backend_is_refused_by_run(tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    ran = invoke("run", suite, "-b", "numpy", "-b", kernel(tmp_path / "k.py", "numpy"), "-o", tmp_path / "r.json")
+    assert ran.exit_code == 2 and "is the registered backend 'numpy'" in ran.output, ran.output

@@ -433,3 +433,76 @@ def test_scratch_limit_is_a_suite_setting():
     assert "--bind" not in cmd and cmd.count("--size") == 3
     old = bwrap_command("bwrap", ["true"], scratch="/s", writable_limit=None)
     assert "--size" not in old and old[old.index("--bind"):old.index("--bind") + 3] == ["--bind", "/s", "/s"]
+
+
+ARENA_PROBE = '''"""Honest maths, but fails its call when a descriptor of the arena is open in its process."""
+import os
+
+import numpy as np
+
+
+def arena_descriptors():
+    found = []
+    for number in os.listdir("/proc/self/fd"):
+        try:
+            if "kbench-arena" in os.readlink("/proc/self/fd/" + number):
+                found.append(number)
+        except OSError:
+            pass
+    return found
+
+
+OPEN_AT_IMPORT = len(arena_descriptors())
+
+
+def attention(q, k, v, out, *, causal, scale):
+    found = arena_descriptors()
+    if found or OPEN_AT_IMPORT:
+        raise RuntimeError(f"the arena is open in the kernel's process: fds {found} ({OPEN_AT_IMPORT} at import)")
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * np.float32(scale)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    out[...] = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
+'''
+
+
+@needs_sandbox
+def test_no_descriptor_of_the_arena_is_open_while_candidate_code_runs(tmp_path):
+    """Python 3.11's mmap kept a duplicate of the arena's descriptor (issue 33, item 7): a kernel found it in
+    /proc/self/fd at import and in every call. Now the worker points it at /dev/null before candidate code."""
+    from kbench.run.runner import run_suite
+
+    probe_file = tmp_path / "arena_probe.py"
+    probe_file.write_text(ARENA_PROBE)
+    suite = {"name": "arena", "grid": [{"seqlen": 32, "heads": 1, "head_dim": 16, "dtype": "fp32"}],
+             "timing": TIMING}
+    pm, planned = _plan(tmp_path, suite, files=[probe_file])
+    records = run_suite(pm, planned).records
+    assert [(r["status"], r["reason"]) for r in records] == [("passed", None)]
+
+
+def test_forget_file_leaves_the_mapping_and_no_other_descriptor(tmp_path):
+    import mmap
+
+    from kbench.protocol import arena_file
+    from kbench.worker.main import forget_file
+
+    def open_copies():
+        return [n for n in os.listdir("/proc/self/fd") if "kbench-arena" in _link(n)]
+
+    fd = arena_file(4096)
+    mapping = mmap.mmap(fd, 4096)
+    try:
+        forget_file(fd)
+    finally:
+        os.close(fd)
+    assert open_copies() == []
+    mapping[:5] = b"hello"  # the mapping itself stays, and closes without touching another file
+    assert bytes(mapping[:5]) == b"hello"
+    mapping.close()
+
+
+def _link(number: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{number}")
+    except OSError:
+        return ""

@@ -108,6 +108,42 @@ def build_backend(spec: BackendSpec, registry, scratch: str):
     return backend
 
 
+def forget_file(fd: int) -> list[int]:
+    """Leave no descriptor of ``fd``'s file open but ``fd`` itself (which the caller closes): the numbers that
+    were one now name ``/dev/null``. Returns them.
+
+    Before Python 3.13 an ``mmap`` keeps a duplicate of the descriptor it maps for as long as the mapping lives
+    (3.13's ``trackfd=False`` keeps none), so closing the arena's descriptor left a copy open while candidate code
+    ran: a kernel could find it in ``/proc/self/fd`` and write through it, or ``fstat`` the arena. Closing that
+    copy outright would leave the ``mmap`` owning a number the next ``open`` reuses (and closes when the mapping
+    goes); ``dup2`` of ``/dev/null`` onto it drops the file and keeps the number the ``mmap``'s. The mapping
+    itself, which the worker copies outputs into, stays. Found by ``(st_dev, st_ino)`` through ``/proc/self/fd``
+    (Linux, where the arena is a memfd; elsewhere nothing is found and the copy stays: docs/integrity.md)."""
+    try:
+        target = os.fstat(fd)
+        numbers = [int(n) for n in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        return []
+    null, changed = -1, []
+    try:
+        for number in numbers:
+            if number == fd:
+                continue
+            try:
+                st = os.fstat(number)
+            except OSError:
+                continue  # the directory's own descriptor, already closed
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                if null < 0:
+                    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                os.dup2(null, number, inheritable=False)
+                changed.append(number)
+    finally:
+        if null >= 0:
+            os.close(null)
+    return changed
+
+
 def _install_guard(setup: WorkerSetup):
     """The audit hook of kbench.worker.guard, scoped to this worker's scratch directory and the read-only
     places the parent gave the sandbox."""
@@ -172,6 +208,7 @@ def serve(conn: Connection, setup: WorkerSetup, registry, device, op, snapshot, 
             fd = reduction.recvfds(receiver or socket.socket(fileno=os.dup(conn.fileno())), 1)[0]
             try:
                 runner.attach(payload["layout"], fd)  # mapped, and the descriptor closed, before candidate code
+                forget_file(fd)
             finally:
                 os.close(fd)
             try:

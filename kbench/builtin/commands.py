@@ -17,6 +17,7 @@ CORE_COMMANDS = (
     "kbench.commands.report:report_command",
     "kbench.commands.publish:publish_command",
     "kbench.commands.regressions:regressions_command",
+    "kbench.commands.fuzz:fuzz_command",
 )
 
 

@@ -31,6 +31,9 @@ class RunContext:
     integrity: IntegritySettings = field(default_factory=IntegritySettings)
     #: the run's secret: every input is derived from it (drawn per run, recorded only when the run ends)
     secret: bytes = field(default_factory=new_secret, repr=False)
+    #: correctness only (``kbench fuzz``, held-out shapes): the judge ends the record after the correctness
+    #: trials, with no warm-up, timing or clock accounting (a record then has no ``timing``)
+    correctness_only: bool = False
 
 
 def new_record(backend_name: str, case: Case, device: str) -> dict[str, Any]:

@@ -158,6 +158,10 @@ class Judge:
         integrity = rec.setdefault("integrity", {"checks": []})
         started = time.perf_counter()
         rec["correctness"] = self.correctness()
+        if ctx.correctness_only:  # kbench fuzz, held-out shapes (issue 36): the verdict is the correctness trials'
+            self._request(("end",), "ended")
+            self.ended = True
+            return {"status": Status.PASSED.value}
         timing = self.timing(rec["correctness"]["call_seconds"])
         rec["timing"] = {**timing.to_json(), "accounting": self.accounting.summary()}
         if timing.below_min_samples:

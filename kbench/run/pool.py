@@ -402,6 +402,9 @@ class WorkerPool:
     device_env: dict = field(default_factory=dict)
     #: pools measuring at the same time on this host (kbench.run.executors): they share its memory
     concurrent: int = 1
+    #: keep an untrusted backend's worker after a ``failed`` record (a wrong answer): ``kbench fuzz`` checks
+    #: hundreds of cases with one worker; crashes, timeouts and errors still close it
+    keep_failed: bool = False
 
     @property
     def timeout(self) -> float:
@@ -526,7 +529,8 @@ class WorkerPool:
         if (backend.source_path and self.ctx.integrity.static_applies(backend.trusted)
                 and isinstance(rec.get("integrity"), dict)):
             rec["integrity"]["checks"].insert(0, "static")  # its source was read and passed before it ran
-        if not backend.trusted and rec.get("status") not in (Status.PASSED.value, Status.SKIPPED.value):
+        kept = (Status.PASSED.value, Status.SKIPPED.value) + ((Status.FAILED.value,) if self.keep_failed else ())
+        if not backend.trusted and rec.get("status") not in kept:
             # threads a misbehaving kernel left behind would burn CPU while later backends are measured
             worker.close()
         return rec

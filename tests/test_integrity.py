@@ -113,16 +113,31 @@ def test_thread_per_call_is_caught(kbench_case, kbench_check, fake_backend):
 
 
 def test_wrong_only_when_timed_is_caught(kbench_case, kbench_check, fake_backend):
+    seen = set()
+
+    def sly(q, k, v, out, case):  # right on a buffer's first call (the checked calls), garbage afterwards
+        if out.ctypes.data not in seen:
+            seen.add(out.ctypes.data)
+            honest(q, k, v, out, case)
+        else:
+            out[...] = 0.5
+    rec = kbench_check(fake_backend(sly), kbench_case())
+    # the same call run again untimed, in buffers it never saw, is right: an integrity failure, said so
+    assert rec["status"] == "failed" and "timed output wrong although the checked calls were right" in rec["reason"]
+
+
+def test_garbage_after_the_checked_calls_is_wrong_timed_or_not(kbench_case, kbench_check, fake_backend):
     calls = []
 
-    def sly(q, k, v, out, case):  # right for the checked calls, garbage afterwards
+    def late(q, k, v, out, case):  # right for the two checked calls, garbage on every call after them
         calls.append(1)
         if len(calls) <= 2:
             honest(q, k, v, out, case)
         else:
             out[...] = 0.5
-    rec = kbench_check(fake_backend(sly), kbench_case())
-    assert rec["status"] == "failed" and "timed output wrong although the checked calls were right" in rec["reason"]
+    rec = kbench_check(fake_backend(late), kbench_case())
+    assert rec["status"] == "failed" and "on a timed call" in rec["reason"], rec["reason"]
+    assert "the same call checked untimed" in rec["reason"] and "timed or not" in rec["reason"]
 
 
 def test_unwritten_when_timed_is_caught(kbench_case, kbench_check, fake_backend):

@@ -3,15 +3,19 @@
 :func:`measure` builds a :class:`~kbench.api.RunRequest` and goes through ``plan_run``/``run_suite`` as the
 CLI does, so a record made here has the same judge, sandbox choice, timing settings and integrity checks
 as one made by ``kbench run`` (docs/evaluators.md). A kernel file is untrusted: it runs in a sandboxed
-worker. A callable is trusted code (yours): it runs in this process, no sandbox, no static checks, and
-its records say so (``backend_info.trusted``).
+worker. A callable is trusted code (yours): no sandbox, no static checks, and its records say so
+(``backend_info.trusted``); on the CPU it runs in a forked child of this process with a memory cap, killed at
+the case timeout (kbench.run.forked), so it can neither hang, end nor exhaust its caller.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
+import difflib
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -35,11 +39,14 @@ class CallableBackend(Backend):
     """A plain function as a backend, with a kernel file's signature: ``fn(q, k, v, out, *, causal, scale)``
     (the op's inputs, then its outputs, then the op's keyword arguments); it writes ``out`` or returns the result.
 
-    Trusted by construction: it is the caller's own code, so it runs in the calling process (never pickled to
-    a worker), without the sandbox or the static checks, and ``info()`` says so in every record.
+    Trusted by construction: it is the caller's own code, so it is never pickled to a worker: on the CPU it
+    runs in a forked child of the calling process (memory cap, killed at the case timeout: kbench.run.forked),
+    on a GPU in the calling process; without the sandbox or the static checks, and ``info()`` says so in every
+    record. After a timeout its remaining cases in the run are not started (kbench.run.runner).
     """
 
     trusted = True
+    stop_after_timeout = True
 
     def __init__(self, fn: Callable[..., Any], op, *, name: str | None = None, device: str = "cpu") -> None:
         if not callable(fn):
@@ -63,8 +70,9 @@ class CallableBackend(Backend):
         where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
         return {"callable": f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}",
                 "source": where, "trusted": True,
-                "isolation": "none: a callable is trusted code, run in the calling process without the sandbox "
-                             "or the static checks (the judge's checks of outputs and clock still apply)"}
+                "isolation": "none: a callable is trusted code, run without the sandbox or the static checks (on "
+                             "the CPU in a forked child with a memory cap and the case timeout; the judge's checks "
+                             "of outputs and clock still apply)"}
 
     def __copy__(self) -> CallableBackend:
         clone = CallableBackend.__new__(CallableBackend)
@@ -220,12 +228,14 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
                        fix="give a backend name, a kernel file, a Backend or a callable")
     the_suite = _suite(suite, cases, op, name=name, timing=timing, check=check, integrity=integrity)
     the_op = pm.registry.op(the_suite.op)
-    device_name = pick_device(pm, device)
+    with python_terms():
+        device_name = pick_device(pm, device)
     every = [*targets] + ([baseline] if baseline is not None else [])
     patterns, files, objects, plan = [], [], [], []
     for i, target in enumerate(every):
         kind, value = _classify(target, the_op, device_name)
         if kind == "pattern":
+            _refuse_unmatched(pm, the_op, value, "baseline=..." if i == len(targets) else f"*targets: target {i + 1}")
             patterns.append(value)
         elif kind == "file":
             files.append(value)
@@ -244,7 +254,8 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
                      trust_kernel_files=trust_kernel_files, allow_unsandboxed=allow_unsandboxed, force=force,
                      backends=objects)
     try:
-        planned = plan_run(pm, req)
+        with python_terms():
+            planned = plan_run(pm, req)
         names, base_name = _names(plan, planned, pm, the_op)
         if len(set(b.name for b in planned.backends)) != len(planned.backends):
             from kbench.outputs import release_result_lock
@@ -306,6 +317,46 @@ def _classify(target: Any, op, device: str) -> tuple[str, Any]:
         return "object", CallableBackend(target, op, device=device)
     raise BadInput(f"cannot measure a {type(target).__name__}", where="measure(...)",
                    fix="give a backend name, a kernel file path, a Backend or a callable")
+
+
+def _refuse_unmatched(pm: PluginManager, op, pattern: str, argument: str) -> None:
+    """A target or baseline name that selects no backend is refused (never silently dropped), naming the argument."""
+    if pattern.startswith("!"):
+        return
+    with python_terms(where=f"measure({argument})"):
+        if pm.registry.select_backends(op.name, [pattern]):
+            return
+        known = sorted(b.name for b in pm.registry.backends.values() if b.op == op.name)
+        close = difflib.get_close_matches(pattern, known, n=1, cutoff=0.6)
+        raise BadInput(f"no backend of op {op.name!r} matches {pattern!r}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""), where=f"measure({argument})",
+                       fix=f"known backends: {', '.join(known)}; or give a kernel file path, a Backend or a callable")
+
+
+#: the command line's words for the places of an error, and the Python argument each one is here
+CLI_WHERE = {"-b / suite backends": "measure(*targets, baseline=...)", "-b": "measure(*targets)",
+             "-o": "measure(output=...)", "-k": "measure(keyword=...)", "--device": "measure(device=...)",
+             "--case-timeout": "measure(case_timeout=...)", "--executor": "measure()"}
+CLI_WORDS = ((r"add --force", "pass force=True"), (r"or --resume it", "or finish it with `kbench run --resume`"), (r"--force", "force=True"), (r"leave out -o", "leave out output="),
+             (r"--device (\w+)", r"device='\1'"), (r"--trust-kernel-files", "trust_kernel_files=True"),
+             (r"--allow-unsandboxed", "allow_unsandboxed=True"), (r"--no-isolate", "isolate=False"),
+             (r"--case-timeout", "case_timeout="), (r"(?<![\w-])-o(?![\w-])", "output="),
+             (r"(?<![\w-])-k(?![\w-])", "keyword="), (r"(?<![\w-])-b(?![\w-])", "a target"))
+
+
+@contextlib.contextmanager
+def python_terms(where: str | None = None):
+    """Errors raised inside speak Python to a Python caller: argument names, not ``kbench run``'s flags."""
+    try:
+        yield
+    except KbenchError as exc:
+        fix = exc.fix
+        for pattern, words in CLI_WORDS:
+            fix = re.sub(pattern, words, fix) if fix else fix
+        place = CLI_WHERE.get(exc.where or "", exc.where) if where is None or exc.where not in CLI_WHERE else where
+        if place == exc.where and fix == exc.fix:
+            raise
+        raise type(exc)(exc.message, file=exc.file, where=place, fix=fix) from None
 
 
 def _unique_names(objects: list[Backend]) -> None:

@@ -52,8 +52,8 @@ def test_callables_are_judged_in_one_run_and_say_they_are_trusted():
     # the judge of `kbench run`: secret inputs, verification and the clock in the trusted side
     assert {"secret_inputs", "parent_verifies", "parent_clock", "timed_outputs"} <= set(rec.integrity["checks"])
     assert rec.backend_info["trusted"] is True and "no" not in rec.backend_info["callable"]
-    assert rec.backend_info["callable"] == f"{__name__}.attention" and "calling process" in rec.backend_info["isolation"]
-    assert "worker" not in rec.extra  # judged through the in-process channel: never pickled to a worker
+    assert rec.backend_info["callable"] == f"{__name__}.attention" and "forked child" in rec.backend_info["isolation"]
+    assert "worker" not in rec.extra  # judged through the in-process channel (in a forked child): never pickled
     assert m.speedup() > 2  # 8x the work, measured beside it in the same run
     assert m.speedup("fn:attention_8x", over="fn:attention") < 0.5
     assert m.result_file is None and m.header["suite"]["data"]["timing"]["max_time"] == QUICK["max_time"]
@@ -118,7 +118,7 @@ def test_bad_calls_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(BadInput, match="no backend .* matches"):
         api.measure("no-such-backend", cases=[CASE], device="cpu")
     honest = ROOT / "tests/redteam/honest_numpy.py"
-    with pytest.raises(BadInput, match="two targets are both called 'file:honest_numpy'"):
+    with pytest.raises(BadInput, match="two (targets are both called|selected backends read as one name,) 'file:honest_numpy'"):
         api.measure(honest, str(honest), cases=[CASE], device="cpu", output=tmp_path / "dup.json")
     assert not (tmp_path / "dup.json").exists()
     with pytest.raises(BadInput, match="seqlen"):  # the case itself is validated as a suite's grid is
@@ -184,3 +184,91 @@ def test_the_fixture_asserts_speed_and_saves_files_compare_and_publish_read(tmp_
     published = runner.invoke(cli, ["publish", str(saved), "-o", str(tmp_path / "site"), "--no-cache", "-j", "1"])
     assert published.exit_code == 0, published.output
     assert "2 runs" in published.output and (tmp_path / "site" / "index.html").is_file()
+
+
+# -- a callable cannot hang, end or exhaust its caller (issue 34) ----------------------------------------------
+
+
+def never_returns(q, k, v, out, *, causal, scale):
+    while True:
+        pass
+
+
+def exits(q, k, v, out, *, causal, scale):
+    import sys
+
+    sys.exit(3)
+
+
+def allocates_8_gib(q, k, v, out, *, causal, scale):
+    np.ones(8 * 2**30, dtype=np.uint8)
+    attention(q, k, v, out, causal=causal, scale=scale)
+
+
+def killed(q, k, v, out, *, causal, scale):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def in_a_thread(fn, limit: float):
+    """``fn()``'s value, or AssertionError when it has not returned after ``limit`` seconds (the thread is left)."""
+    import threading
+
+    box = []
+    thread = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert box, f"measure() did not return within {limit} s"
+    return box[0]
+
+
+def test_a_callable_that_never_returns_is_a_timeout_within_the_case_timeout_and_stops_its_other_cases():
+    import time
+
+    cases = [CASE, {**CASE, "seqlen": 128}]
+    start = time.monotonic()
+    m = in_a_thread(lambda: api.measure(never_returns, cases=cases, device="cpu", timing=QUICK, case_timeout=1.5), 60)
+    took = time.monotonic() - start
+    first, second = m.records
+    assert first.status == "timeout" and "case timeout of 1.5 s" in first.reason and "killed" in first.reason
+    assert second.status == "skipped" and second.reason.startswith("not started: this backend timed out on ")
+    assert took < 1.5 + 5 + 3, took  # the timeout plus 5 s, and start-up on a loaded machine
+
+
+def test_sys_exit_and_a_kill_inside_a_callable_are_records_and_the_caller_goes_on():
+    m = api.measure(exits, killed, cases=[CASE], device="cpu", timing=QUICK, case_timeout=30)
+    by = {r.backend: r for r in m.records}
+    assert by["fn:exits"].status == "error" and "sys.exit(3)" in by["fn:exits"].reason
+    assert by["fn:killed"].status == "crashed" and "SIGKILL" in by["fn:killed"].reason
+    assert by["fn:killed"].extra.get("signal") == "SIGKILL"
+
+
+def test_an_8_gib_allocation_meets_the_memory_cap_set_before_the_callable_runs():
+    m = api.measure(allocates_8_gib, cases=[CASE], device="cpu", timing=QUICK, case_timeout=60,
+                    integrity={"memory_limit": 2 * 2**30})
+    (rec,) = m.records
+    assert rec.status == "error" and rec.reason.startswith("out of memory") and "8.00 GiB" in rec.reason
+
+
+def test_a_misspelled_baseline_or_target_is_refused_in_python_terms(tmp_path):
+    with pytest.raises(BadInput, match="measure\\(baseline=...\\): no backend of op 'attention' matches 'nope'"):
+        api.measure("numpy", baseline="nope", cases=[CASE], device="cpu")
+    with pytest.raises(BadInput, match="target 2\\): .*'nump-flash' \\(did you mean 'numpy-flash'\\?\\)"):
+        api.measure("numpy", "nump-flash", cases=[CASE], device="cpu")
+    taken = tmp_path / "taken.json"
+    taken.write_text("{}")
+    with pytest.raises(BadInput) as info:
+        api.measure("numpy", cases=[CASE], device="cpu", output=taken)
+    text = str(info.value)
+    assert "measure(output=...)" in text and "force=True" in text and "--force" not in text and " -o" not in text
+    with pytest.raises(BadInput) as info:
+        api.measure("!*", cases=[CASE], device="cpu")
+    assert "-b" not in str(info.value) and "measure(*targets" in str(info.value)
+
+
+def test_the_fixture_takes_the_same_path(kbench_measure):
+    m = kbench_measure(exits, cases=[CASE], device="cpu", timing=QUICK, case_timeout=30)
+    assert m.records[0].status == "error" and "sys.exit(3)" in m.records[0].reason
+    assert m.suite.name.endswith("test_the_fixture_takes_the_same_path")

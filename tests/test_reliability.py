@@ -595,3 +595,16 @@ def test_a_real_file_size_limit_too_small_for_the_arena_is_an_error_record_not_a
     (rec,) = data["records"]
     assert rec["status"] == "error" and "File too large" in rec["reason"] and "ulimit" in rec["reason"]
     assert rec["cause"] == "infrastructure" and data["complete"] is False
+
+
+def test_an_untrusted_kernel_that_times_out_is_not_started_on_its_remaining_cases(tmp_path):
+    """Issue 34: an evolver's candidate with an endless loop waited out the case timeout on every case."""
+    out = tmp_path / "loop.json"
+    res = invoke("run", "suites/smoke.yaml", "-b", ROOT / "tests/redteam/infinite_loop.py", "-k", "sq=64 and hkv=4",
+                 "--case-timeout", 2, "--allow-unsandboxed", "--no-progress", "--format", "csv", "-o", out)
+    assert res.exit_code == 1, res.output
+    records = load_result(out)["records"]
+    assert len(records) == 2 and records[0]["status"] == "timeout"
+    for rec in records[1:]:
+        assert rec["status"] == "skipped" and rec["reason"].startswith(
+            f"not started: this backend timed out on {records[0]['case_id']} earlier in this run"), rec

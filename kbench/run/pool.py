@@ -351,15 +351,41 @@ class LocalChannel:
 
     def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
         self.runner.attach(payload["layout"], fd)
-        return as_sent(self.runner.handle(("job", payload), self.backend))
+        return self._handle(("job", payload), self.backend)
 
     def request(self, message: tuple, timeout: float | None) -> Any:
-        return as_sent(self.runner.handle(message))
+        return self._handle(message)
+
+    def _handle(self, message: tuple, *backend) -> Any:
+        """The runner's reply; a kernel's ``sys.exit`` is an ``error`` reply, as in a worker, never the caller's
+        exit. (The timeout is not enforced here: a trusted callable runs in a forked child the pool kills,
+        kbench.run.forked; ``--no-isolate`` runs in this process on purpose, for debugging.)"""
+        try:
+            return as_sent(self.runner.handle(message, *backend))
+        except SystemExit as exc:
+            return as_sent(("error", {"reason": f"the kernel called sys.exit({exc.code!r}) (SystemExit)"}))
 
 
-def execute_in_process(ctx: RunContext, backend: Backend, case: Case) -> dict[str, Any]:
+def stops_after_timeout(backend: Backend) -> bool:
+    """Whether a timeout of ``backend`` stops its remaining cases in the run: untrusted code (a kernel file, an
+    evolver's candidate: an endless loop would cost the case timeout on every case) and callables."""
+    return bool(getattr(backend, "stop_after_timeout", not backend.trusted))
+
+
+def not_started(backend_name: str, case: Case, device: str, first: str) -> dict[str, Any]:
+    """The record of a case not started because ``backend_name`` timed out on case ``first`` earlier in the run."""
+    rec = new_record(backend_name, case, device)
+    rec.update(status=Status.SKIPPED.value,
+               reason=f"not started: this backend timed out on {first} earlier in this run, so its remaining cases "
+                      f"are not run (a hang or an endless loop would cost the case timeout on each)")
+    return rec
+
+
+def execute_in_process(ctx: RunContext, backend: Backend, case: Case, *,
+                       timeout: float | None = None) -> dict[str, Any]:
     """One record for (backend, case), the kernel called in this process (trusted backends only), judged
-    through the same messages as a worker's. Never raises for a backend's misbehaviour: it is recorded."""
+    through the same messages as a worker's. Never raises for a backend's misbehaviour: it is recorded.
+    ``timeout``: the judge stops sampling before it (the caller enforces it: kbench.run.forked)."""
     from kbench.judge.judge import judge
     from kbench.worker.calls import CallRunner
     from kbench.worker.watches import HarnessSnapshot
@@ -376,7 +402,7 @@ def execute_in_process(ctx: RunContext, backend: Backend, case: Case) -> dict[st
         return rec
     snapshot = HarnessSnapshot(ctx.device) if ctx.integrity.check_harness else None
     runner = CallRunner(ctx.device, ctx.op, check_threads=ctx.integrity.check_threads, harness=snapshot)
-    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case, trusted=backend.trusted)
+    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case, timeout=timeout, trusted=backend.trusted)
     if backend.source_path and ctx.integrity.static_applies(backend.trusted) and isinstance(rec.get("integrity"), dict):
         rec["integrity"]["checks"].insert(0, "static")
     return rec
@@ -402,6 +428,8 @@ class WorkerPool:
     device_env: dict = field(default_factory=dict)
     #: pools measuring at the same time on this host (kbench.run.executors): they share its memory
     concurrent: int = 1
+    #: backend name -> the case it timed out on (:func:`stops_after_timeout`): its later jobs are not started
+    stopped: dict = field(default_factory=dict)
     #: keep an untrusted backend's worker after a ``failed`` record (a wrong answer): ``kbench fuzz`` checks
     #: hundreds of cases with one worker; crashes, timeouts and errors still close it
     keep_failed: bool = False
@@ -459,8 +487,14 @@ class WorkerPool:
     def __call__(self, backend: Backend, case: Case) -> dict[str, Any]:
         """The record of (backend, case); whatever goes wrong in the parent's own handling of a job is an
         ``error`` record naming it, never the end of the run."""
+        first = self.stopped.get(backend.name)
+        if first is not None:
+            return not_started(backend.name, case, self.ctx.device.name, first)
         try:
-            return self._run(backend, case)
+            rec = self._run(backend, case)
+            if rec.get("status") == Status.TIMEOUT.value and stops_after_timeout(backend):
+                self.stopped.setdefault(backend.name, case.id)
+            return rec
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - one job, one record
@@ -484,7 +518,12 @@ class WorkerPool:
                 return rec
         spec = spec_for(backend, self.pm.registry)
         if spec is None:
-            if backend.trusted:
+            if backend.trusted:  # a callable (kbench.api.measure): in a forked child this pool can kill
+                from kbench.run.forked import execute_forked, forkable
+
+                if forkable(self.ctx):
+                    return execute_forked(self.ctx, backend, case, timeout=self.timeout,
+                                          memory_limit=self.memory_limit())
                 return execute_in_process(self.ctx, backend, case)
             rec = new_record(backend.name, case, self.ctx.device.name)
             rec.update(status=Status.ERROR.value,

@@ -280,6 +280,7 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     """
     from kbench.run.executors import Executor as ExecutorBase
     from kbench.run.executors import InlineExecutor, Job
+    from kbench.run.pool import not_started, stops_after_timeout
 
     existing = list(existing)
     req = planned.request
@@ -304,16 +305,22 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     # jobs handed out ahead of the first unwritten one; one at a time when profiling, so that a profile
     # (taken while its record is written) never runs beside another record's timed samples
     window = 1 if req.profile else max(64, 4 * ex.slots)
+    stopped: dict[str, str] = {}  # untrusted backend -> the case it timed out on: its later cases are not started
     try:
         while written < len(todo):
             while submitted < len(todo) and submitted - written < window:
                 case, backend = todo[submitted]
-                ex.submit(Job(submitted, case, backend))
+                if backend.name in stopped:
+                    finished[submitted] = not_started(backend.name, case, planned.ctx.device.name, stopped[backend.name])
+                else:
+                    ex.submit(Job(submitted, case, backend))
                 submitted += 1
-            got = ex.next_done(0.2)
-            if got is None:
-                continue
-            finished[got[0].index] = got[1]
+            got = ex.next_done(0.2) if len(finished) + written < submitted else None
+            if got is not None:
+                finished[got[0].index] = got[1]
+                case, backend = todo[got[0].index]
+                if got[1].get("status") == Status.TIMEOUT.value and stops_after_timeout(backend):
+                    stopped.setdefault(backend.name, case.id)
             while written in finished:
                 case, backend = todo[written]
                 record = finished.pop(written)

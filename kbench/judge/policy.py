@@ -33,6 +33,8 @@ DEFAULT_FORBIDDEN_CALLS: tuple[str, ...] = (
     "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*", "kbench.source*",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "inspect.*frame*",
     "inspect.stack", "inspect.trace",
+    # every loaded module by name, without an import the audit hook sees (sys.modules["_thread"])
+    "sys.modules", "sys.modules.*",
 )
 
 #: dynamic code, which would hide any call from the static check, and child processes
@@ -136,17 +138,65 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _through_the_api(name: str) -> str | None:
-    """What a ``kbench.api.X`` (or ``kbench.X``) name stands for (``module.attribute``), so the harness's own
-    objects cannot be reached by their public names either; None for anything else."""
-    from kbench.api import SURFACE
+#: what each public name of ``kbench.api`` (and ``kbench.NAME``) stands for, as ``module.attribute``: the judge's own
+#: list, so a kernel cannot reach the harness by its public names either (``kbench.api.attention_float64`` is
+#: ``kbench.ops.attention.attention_float64``, forbidden). Kept here, not imported: the judge does not depend on the
+#: public surface; tests/test_policy.py holds it equal to ``kbench.api.SURFACE``, so a name added there fails
+#: that test until it is added here.
+API_TARGETS: dict[str, str] = {
+    "hookimpl": "kbench.hookimpl", "Registry": "kbench.registry.Registry", "KINDS": "kbench.registry.KINDS",
+    "Backend": "kbench.backends.Backend", "Tunable": "kbench.backends.Tunable", "Kernel": "kbench.backends.Kernel",
+    "TrainingKernel": "kbench.backends.TrainingKernel", "Device": "kbench.devices.Device", "Op": "kbench.ops.Op",
+    "Case": "kbench.ops.Case", "CaseError": "kbench.ops.CaseError", "Substrate": "kbench.kernelfile.Substrate",
+    "KernelFileRef": "kbench.kernelfile.KernelFileRef", "HardwareProfile": "kbench.hardware.HardwareProfile",
+    "match_profile": "kbench.hardware.match_profile", "load_profiles": "kbench.hardware.load_profiles",
+    "profiles_from_data": "kbench.hardware.profiles_from_data",
+    "PROFILE_FILE_SCHEMA": "kbench.hardware.PROFILE_FILE_SCHEMA", "load_result": "kbench.results.load_result",
+    "Record": "kbench.record.Record", "records_of": "kbench.record.records_of",
+    "LineageHistory": "kbench.history.lineages.LineageHistory",
+    "LineageVersion": "kbench.history.lineages.LineageVersion", "DType": "kbench.enums.DType",
+    "Status": "kbench.enums.Status", "KbenchError": "kbench.errors.KbenchError",
+    "BadInput": "kbench.errors.BadInput", "PluginError": "kbench.errors.PluginError",
+    "Unsupported": "kbench.unsupported.Unsupported", "PluginWarning": "kbench.plugins.PluginWarning",
+    "RegistrationWarning": "kbench.registry.RegistrationWarning",
+    "softmax_scale": "kbench.ops.attention.softmax_scale",
+    "attention_float64": "kbench.ops.attention.attention_float64", "causal_mask": "kbench.ops.attention.causal_mask",
+    "as_torch": "kbench.devices.interop.as_torch", "as_numpy": "kbench.devices.interop.as_numpy",
+    "as_cupy": "kbench.devices.interop.as_cupy", "to_device_array": "kbench.devices.interop.to_device_array",
+    "torch_dtype": "kbench.devices.interop.torch_dtype", "torch_build": "kbench.devices.interop.torch_build",
+    "is_out_of_memory": "kbench.devices.interop.is_out_of_memory",
+    "oom_as_memory_error": "kbench.devices.interop.oom_as_memory_error",
+    "cuda_device_index": "kbench.devices.interop.cuda_device_index",
+    "cuda_unavailable_reason": "kbench.devices.interop.cuda_unavailable_reason",
+    "BackendPattern": "kbench.selection.BackendPattern", "Suite": "kbench.suite.Suite",
+    "load_suite": "kbench.suite.load_suite", "suite_from_data": "kbench.suite.suite_from_data",
+    "RunRequest": "kbench.run.runner.RunRequest", "plan_run": "kbench.run.runner.plan_run",
+    "run_suite": "kbench.run.runner.run_suite", "pick_device": "kbench.run.runner.pick_device",
+    "RunInterrupted": "kbench.run.runner.RunInterrupted", "resume_request": "kbench.run.runner.resume_request",
+    "measure": "kbench.measurement.measure", "Measurement": "kbench.measurement.Measurement",
+    "CallableBackend": "kbench.measurement.CallableBackend", "executor_kit": "kbench.run.executors.PUBLIC",
+    "get_plugin_manager": "kbench.plugins.get_plugin_manager", "render_table": "kbench.tables.render",
+    "atomic_write_json": "kbench.results.atomic_write_json", "atomic_write": "kbench.outputs.atomic_write",
+    "MatmulSpec": "kbench.calibrate.MatmulSpec", "now_iso": "kbench.results.now_iso",
+    "read_json": "kbench.reader.read_json", "read_text": "kbench.reader.read_text",
+    "parse_json": "kbench.reader.parse_json", "geomean": "kbench.compare.geomean",
+    "profile_summary": "kbench.profiling.profile_summary",
+    "profile_from_output": "kbench.profiling.profile_from_output", "parse_source": "kbench.source.parse_source",
+    "sandbox_readable_roots": "kbench.run.sandbox.readable_roots", "is_secret": "kbench.run.sandbox.is_secret",
+    "philox_source": "kbench.ops.inputs.philox_source", "RegeneratedInputs": "kbench.ops.inputs.RegeneratedInputs",
+    "InputSpec": "kbench.ops.inputs.InputSpec", "unit_variance_input": "kbench.ops.inputs.unit_variance",
+    "generate_input": "kbench.ops.inputs.generate", "philox_lanes": "kbench.ops.inputs.lanes",
+}
 
+
+def _through_the_api(name: str) -> str | None:
+    """What a ``kbench.api.X`` (or ``kbench.X``) name stands for (``module.attribute``, :data:`API_TARGETS`), so the
+    harness's own objects cannot be reached by their public names either; None for anything else."""
     for prefix in ("kbench.api.", "kbench."):
         if name.startswith(prefix):
             head, _, rest = name[len(prefix):].partition(".")
-            if head in SURFACE:
-                module, attribute = SURFACE[head]
-                return f"{module}.{attribute}" + (f".{rest}" if rest else "")
+            if head in API_TARGETS:
+                return API_TARGETS[head] + (f".{rest}" if rest else "")
     return None
 
 
@@ -158,12 +208,63 @@ def _matches(name: str, patterns: Iterable[str]) -> str | None:
     return None
 
 
+#: calls that set or delete an attribute named by a string: their first argument is the object changed
+SETTERS = frozenset({"setattr", "delattr", "builtins.setattr", "builtins.delattr", "object.__setattr__",
+                     "object.__delattr__", "type.__setattr__", "type.__delattr__"})
+#: names that stand for the kernel's own object inside its methods
+_SELF = frozenset({"self", "cls"})
+
+
+def _root(node: ast.AST) -> ast.AST:
+    """The object an attribute chain or subscript starts from (``a`` of ``a.b[0].c``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+def _own_objects(tree: ast.AST) -> frozenset[str]:
+    """Names the file binds only to objects it makes itself: its classes, and names assigned (anywhere) from a
+    call of one of its classes. An attribute written on anything else may be a module's or a builtin's."""
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    made: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) else []
+        value = getattr(node, "value", None)
+        own = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes
+        for target in targets:
+            if isinstance(target, ast.Name):
+                made[target.id] = made.get(target.id, True) and own
+    for node in ast.walk(tree):  # a name that is also a parameter, a loop variable or an import is not only own
+        if isinstance(node, ast.arg):
+            made[node.arg] = False
+        elif isinstance(node, (ast.For, ast.comprehension, ast.With)):
+            for name in ast.walk(getattr(node, "target", node)):
+                if isinstance(name, ast.Name) and isinstance(node, (ast.For, ast.comprehension)):
+                    made[name.id] = False
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                made[(a.asname or a.name).split(".")[0]] = False
+    return frozenset(classes | {n for n, own in made.items() if own})
+
+
 class _Checker(ast.NodeVisitor):
-    def __init__(self, settings: IntegritySettings) -> None:
+    def __init__(self, settings: IntegritySettings, own: frozenset[str] = frozenset()) -> None:
         self.s = settings
         self.aliases: dict[str, str] = {}      # local name -> module path it stands for
         self.found: list[Violation] = []
         self.depth = 0                         # 0 at module level
+        self.own = own | _SELF                 # names of the kernel's own objects (_own_objects)
+        self._called: set[int] = set()         # the function nodes of calls (a setter used otherwise is an alias)
+
+    def _setter_as_value(self, node: ast.AST, name: str) -> None:
+        if id(node) not in self._called and self.s.forbid_module_state:
+            self.found.append(Violation(node.lineno, "forbid_module_state",
+                                        f"{name} used as a value (passed or aliased, its calls escape the check)"))
+
+    def _own(self, node: ast.AST) -> bool:
+        root = _root(node)
+        return isinstance(root, ast.Name) and root.id in self.own and root.id not in self.aliases
 
     def _resolve(self, dotted: str) -> str:
         head, _, rest = dotted.partition(".")
@@ -201,11 +302,14 @@ class _Checker(ast.NodeVisitor):
             self._check_name(node, full, "import of")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in ("__setattr__", "__delattr__") and isinstance(node.ctx, ast.Load):
+            self._setter_as_value(node, node.attr)
         dotted = _dotted(node)
         if dotted is not None:
             self._check_name(node, self._resolve(dotted))
             if self.s.forbid_dynamic_lookup and node.attr in ("__dict__", "__getattribute__", "__getattr__") \
-                    and self._module_expr(node.value) is not None:
+                    and (self._module_expr(node.value) is not None
+                         or (node.attr == "__dict__" and not self._own(node.value))):
                 self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
                                             f"{self._resolve(dotted)}: a module's namespace reached by name at run "
                                             f"time (write the attribute out)"))
@@ -215,12 +319,33 @@ class _Checker(ast.NodeVisitor):
                     self.found.append(Violation(node.lineno, "forbid_module_state",
                                                 f"assignment to {self._resolve(dotted)!r}: a kernel may not "
                                                 f"change other modules (monkey-patching)"))
+                elif not self._own(node):
+                    self._foreign_write(node, dotted)
             return  # the chain is checked as a whole
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and self.s.forbid_module_state and not self._own(node):
+            self._foreign_write(node, f"<computed>.{node.attr}")
+        if self.s.forbid_dynamic_lookup and node.attr == "__dict__" and not self._own(node.value):
+            self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                        f"<computed>.__dict__: a namespace reached as a dictionary"))
         self.generic_visit(node)
+
+    def _foreign_write(self, node: ast.AST, what: str) -> None:
+        """An attribute written on an object the file did not make: through a parameter, an alias or a computed
+        object it may be a module's or a builtin's (``def f(m): m.perf_counter_ns = fake``, ``f(time)``)."""
+        self.found.append(Violation(node.lineno, "forbid_module_state",
+                                    f"assignment to {what!r}: an attribute of an object the kernel did not make "
+                                    f"(a parameter, an alias or a computed object may be a module or a builtin); "
+                                    f"a kernel changes only its own objects (self, instances of its classes)"))
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self._check_name(node, self._resolve(node.id))
+            if node.id in ("setattr", "delattr") and node.id not in self.aliases:
+                self._setter_as_value(node, node.id)
+            if node.id == "__builtins__" and self.s.forbid_module_state:
+                self.found.append(Violation(node.lineno, "forbid_module_state",
+                                            "`__builtins__`: the builtins' namespace, where a kernel could replace "
+                                            "any builtin"))
 
     def _module_expr(self, node: ast.AST) -> str | None:
         """The module path an expression stands for when it starts at an imported name, else None."""
@@ -245,6 +370,26 @@ class _Checker(ast.NodeVisitor):
             elif name == "vars":
                 self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
                                             f"vars({target}): a module's namespace read as a dictionary"))
+        elif self.s.forbid_dynamic_lookup and name == "vars" and node.args and not self._own(node.args[0]):
+            self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
+                                        "vars(<not the kernel's own object>): a namespace (maybe a module's) read "
+                                        "as a dictionary"))
+        if self.s.forbid_module_state:
+            resolved = self._resolve(name) if name else ""
+            setter = name in SETTERS or resolved in SETTERS or (
+                isinstance(node.func, ast.Attribute) and node.func.attr in ("__setattr__", "__delattr__"))
+            changed = node.args[0] if name in SETTERS or resolved in SETTERS else (
+                node.func.value if isinstance(node.func, ast.Attribute) else None)
+            if setter and (changed is None or not self._own(changed)):
+                self.found.append(Violation(node.lineno, "forbid_module_state",
+                                            f"{name or '<computed>'}(...) on an object the kernel did not make (a "
+                                            f"parameter or alias may be a module or a builtin): a kernel changes "
+                                            f"only its own objects"))
+            if name == "globals" and not node.args:
+                self.found.append(Violation(node.lineno, "forbid_module_state",
+                                            "globals(): the module's namespace as a dictionary (state kept between "
+                                            "calls, names the check does not see)"))
+        self._called.add(id(node.func))
         if self.s.forbid_dynamic_lookup and name in ("operator.attrgetter", "operator.methodcaller") or \
                 self._resolve(name) in ("operator.attrgetter", "operator.methodcaller"):
             self.found.append(Violation(node.lineno, "forbid_dynamic_lookup",
@@ -311,7 +456,7 @@ def static_check(source: str, settings: IntegritySettings, *, filename: str = "<
         tree = parse_source(source, filename)
     except SyntaxError as exc:
         return [Violation(exc.lineno or 0, "syntax", f"syntax error: {exc.msg}")]
-    checker = _Checker(settings)
+    checker = _Checker(settings, _own_objects(tree))
     checker.visit(tree)
     seen, unique = set(), []
     for v in checker.found:

@@ -355,3 +355,94 @@ def test_regressions_finds_a_large_step_in_every_series_of_a_short_history(tmp_p
     for s in steps:
         assert s["change"] == "slower" and s["size"] > 2.0
         assert (s["before"]["commit"], s["after"]["commit"]) == (hs.fake_commit(1), hs.fake_commit(2))
+
+
+# -- the newest run: never silent (issue 34) ------------------------------------------------------------
+
+
+def _short_history(root, factors, *, seed: int = 0, spread: float = 0.03):
+    """Runs of two backends on three attention cases, one per day, run ``i`` taking ``factors[i]`` times as long
+    as the first on every case (each record 100 samples spread ``spread``, and a 1% run-to-run jitter)."""
+    from synthetic_results import record, result
+
+    rng = np.random.default_rng(seed)
+    cases = [{"batch": 1, "seqlen_q": s, "seqlen_kv": s, "heads_q": 4, "heads_kv": 4, "head_dim": 32,
+              "causal": False, "dtype": "fp32"} for s in (64, 128, 256)]
+    base = {(b, i): rng.uniform(0.1e-3, 2e-3) for b in ("numpy", "torch-sdpa") for i in range(len(cases))}
+    (root / "r").mkdir(parents=True, exist_ok=True)
+    for run, factor in enumerate(factors):
+        recs = [record(b, params, base[(b, i)] * factor * float(np.exp(rng.normal(0, 0.01)))
+                       * np.exp(rng.normal(0, spread, 100)))
+                for b in ("numpy", "torch-sdpa") for i, params in enumerate(cases)]
+        data = result(recs, name=f"attention-{run}")
+        data["created"] = f"2026-10-0{run + 1}T00:00:00+00:00"
+        data["environment"]["git_commit"] = hs.fake_commit(run)
+        (root / "r" / f"attention-{run}.json").write_text(json.dumps(data))
+    return root / "r"
+
+
+@pytest.mark.parametrize("factors", [[1.0, 1.0, 2.0], [1.0, 1.0, 11.0], [1.0, 2.0]],
+                         ids=["2x-after-two", "11x-after-two", "2x-after-one"])
+def test_the_gate_fails_on_a_slower_newest_run_from_two_runs_on(tmp_path, factors):
+    """The issue's case: three runs whose newest is 11x slower on every case passed `--fail` silently (a series
+    shorter than four runs was never judged). Now each of the 6 series lists its newest run as unconfirmed,
+    and --fail fails on it unless --ignore-unconfirmed."""
+    root = _short_history(tmp_path, factors)
+    res = invoke("regressions", root, "--fail", "--no-cache")
+    assert res.exit_code == 1, res.output
+    assert "6 unconfirmed newest runs" in res.output and "(unconfirmed)" in res.stderr
+    data = json.loads(invoke("regressions", root, "--format", "json", "--no-cache").output)
+    assert len(data["unconfirmed"]) == 6 and data["steps"] == []
+    for u in data["unconfirmed"]:
+        assert u["change"] == "slower" and u["size"] == pytest.approx(factors[-1] - 1, rel=0.1)
+        assert u["run"] == f"attention-{len(factors) - 1}"
+    assert invoke("regressions", root, "--fail", "--ignore-unconfirmed", "--no-cache").exit_code == 0
+    # a threshold above the change, or a --since after the newest run, lets it pass
+    if factors[-1] < 10:  # (a threshold is at most 1000%)
+        assert invoke("regressions", root, "--fail", "--threshold", f"{100 * factors[-1]:g}%").exit_code == 0
+    assert invoke("regressions", root, "--fail", "--since", "2026-10-09").exit_code == 0
+
+
+def test_a_newest_run_within_the_noise_or_faster_does_not_fail_the_gate(tmp_path):
+    root = _short_history(tmp_path / "same", [1.0, 1.0, 1.02])
+    res = invoke("regressions", root, "--fail", "--no-cache")
+    assert res.exit_code == 0 and "unconfirmed" not in res.output
+    root = _short_history(tmp_path / "faster", [1.0, 1.0, 0.5])
+    res = invoke("regressions", root, "--fail", "--no-cache")
+    assert res.exit_code == 0 and "6 unconfirmed newest runs" in res.output and "unconfirmed faster" in res.output
+
+
+def test_the_newest_run_is_judged_against_the_noise_of_its_series():
+    # two and three runs: the documented run-to-run scatter decides (3%, five widths: ~20% is beyond it)
+    assert detect([1e-3, 2e-3]).unconfirmed.size == pytest.approx(1.0)
+    assert detect([1e-3, 1.1e-3]).unconfirmed is None
+    assert detect([1e-3, 1.01e-3, 1.35e-3]).unconfirmed.index == 2
+    # six runs scattered 5%: 2x is far beyond them (the outlier test alone, at its wide bound, let it pass)
+    rng = np.random.default_rng(5)
+    med = 1e-3 * np.exp(rng.normal(0, 0.05, 6))
+    med[5] = 2 * np.median(med[:5])
+    fit = detect(med, med * 0.99, med * 1.01)
+    assert fit.unconfirmed is not None and fit.unconfirmed.size == pytest.approx(1.0, rel=0.1)
+    med[5] = 1.08 * np.median(med[:5])  # inside that scatter
+    assert detect(med, med * 0.99, med * 1.01).unconfirmed is None
+
+
+def test_a_symlink_loop_is_skipped_with_a_warning_and_a_json_array_quietly(tmp_path):
+    """A loop of symbolic links in a results directory raised a traceback from publish and regressions (pathlib's
+    resolve); scripts/gpu_check.py's gpu-check-stages.json (a JSON array, not a result) was warned about on
+    every call. Now the loop is named and skipped as any unreadable file, and the array is not a result file."""
+    root = tmp_path / "r"
+    hs.write_history(root, seed=3, n=4)
+    (root / "loop-a.json").symlink_to("loop-b.json")
+    (root / "loop-b.json").symlink_to("loop-a.json")
+    stages = root / "gpu" / "h200" / "gpu-check-stages.json"
+    stages.parent.mkdir(parents=True)
+    stages.write_text(json.dumps([{"name": "machine", "status": "ok", "seconds": 0.1}], indent=1))
+    for args in (("regressions", root, "--no-cache"), ("publish", root, "-o", tmp_path / "site", "--no-cache")):
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+        assert res.exit_code == 0 and res.exception is None, res.output
+        assert "loop-a.json" in res.stderr and "symbolic links" in res.stderr
+        assert "gpu-check-stages" not in res.stderr
+    # nothing but the loop: refused, exit 2, no traceback
+    res = CliRunner().invoke(cli, ["regressions", str(root / "loop-a.json"), "--no-cache"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit) and "none of the 1" in res.stderr

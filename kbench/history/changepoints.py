@@ -48,6 +48,13 @@ NOISE_FLOOR = 1e-3
 LOCATION_CHI2 = 3.841
 #: asymptotic efficiency of the median absolute deviation against the standard deviation (normal data)
 MAD_EFFICIENCY = 0.37
+#: the run-to-run scatter (of log median) assumed of a series too short to show its own: two runs of the same
+#: code on a CPU differ by ~1-2% outside slow windows (docs/compare.md), so 3% is on the safe side
+RUN_TO_RUN_PRIOR = 0.03
+#: how many degrees of freedom the prior counts as when blended with a series' own estimate (a few runs' worth)
+PRIOR_DOF = 2.0
+#: the newest run is reported (unconfirmed) when it is this many noise widths from the level before it
+NEWEST_SIGMAS = 5.0
 _Z95 = float(stats.norm.ppf(0.975))
 
 
@@ -216,8 +223,9 @@ def detect(median: Sequence[float], ci_low: Sequence[float] | None = None, ci_hi
     sigma = np.sqrt(within ** 2 + tau ** 2)
     fit = Fit(noise=tau)
     n = y.size
-    if n < 2 * MIN_SEGMENT:
+    if n < 2 * MIN_SEGMENT:  # too short for a step (two levels of two runs): only the newest run can be judged
         fit.levels = [(0, n - 1, float(np.exp(np.median(y))))]
+        fit.unconfirmed = newest_run(y, within, np.arange(n - 1))
         return fit
 
     # The noise decides what is an outlier and what is a step, and is itself estimated from the points:
@@ -245,9 +253,21 @@ def detect(median: Sequence[float], ci_low: Sequence[float] | None = None, ci_hi
         sigma = np.sqrt(within ** 2 + tau ** 2)
     fit.noise = tau
     fit.outliers = [int(i) for i in np.flatnonzero(outlier) if i != n - 1]
-    if outlier[-1]:
-        fit.unconfirmed = Unconfirmed(n - 1, float(math.expm1(y[-1] - np.median(y[max(0, n - 4): n - 1]))))
     bounds = [0, *cuts, keep.size]
+    last_level = keep[bounds[-2]:]
+    if not outlier[-1] and last_level.size == MIN_SEGMENT and n > 2 * MIN_SEGMENT:
+        # the newest run and the one before it make the last level: a step of two runs, or a newest run far
+        # off that had to be joined to a run of the old level. The second when the run before it agrees with
+        # the level before it and the newest does not: the fit without the newest run stands, and it is
+        # unconfirmed (a step at the wrong run and half the size otherwise).
+        before = detect(median[:-1], lo[:-1], hi[:-1], penalty=penalty)
+        first, last, _ = before.levels[-1]
+        level = np.array([i for i in range(first, last + 1) if i not in before.outliers])
+        newest = newest_run(y, within, level) if before.unconfirmed is None else None
+        if newest is not None:
+            before.unconfirmed = newest
+            return before
+    fit.unconfirmed = newest_run(y, within, last_level[last_level < n - 1], forced=bool(outlier[-1]))
     means, ses = [], []
     for a, b in zip(bounds[:-1], bounds[1:]):
         sw = float(wk[a:b].sum())
@@ -264,3 +284,32 @@ def detect(median: Sequence[float], ci_low: Sequence[float] | None = None, ci_hi
                               confidence=float(1.0 - 2.0 * stats.norm.sf(z)),
                               level_before=math.exp(means[j]), level_after=math.exp(means[j + 1])))
     return fit
+
+
+def newest_run(y: np.ndarray, within: np.ndarray, level: np.ndarray, *, forced: bool = False) -> Unconfirmed | None:
+    """The newest point, when it is beyond the noise of the level before it (the points ``level``): no later
+    run can say yet whether it is a step or a slow moment of the machine, so it is *unconfirmed*.
+
+    Beyond the noise: more than ``NEWEST_SIGMAS`` widths from the median of the level, a width being the
+    newest run's own uncertainty, the level's, and the run-to-run scatter. The scatter is the level's own
+    (median absolute deviation around its median: one slow run among five does not inflate it) blended with
+    ``RUN_TO_RUN_PRIOR`` as ``PRIOR_DOF`` degrees of freedom, so a series of two or three runs, which
+    cannot show its scatter, is judged by the documented one, and a long series mostly by its own.
+    ``forced``: the newest run was set aside as an outlier (``detect``'s own test), which reports it whatever
+    this test says.
+    """
+    if level.size == 0:
+        return None
+    ys = y[level]
+    centre = float(np.median(ys))
+    own = 1.4826 * float(np.median(np.abs(ys - centre))) if ys.size >= 3 else 0.0
+    tau = max(math.sqrt(max(own ** 2 - float(np.median(within[level] ** 2)), 0.0)), NOISE_FLOOR)
+    dof = MAD_EFFICIENCY * max(ys.size - 1, 0)
+    blended = math.sqrt((dof * tau ** 2 + PRIOR_DOF * RUN_TO_RUN_PRIOR ** 2) / (dof + PRIOR_DOF))
+    # the median of m points is known to ~1.25 sigma / sqrt(m) (its efficiency for normal data)
+    level_se = 1.2533 * math.sqrt(blended ** 2 + float(np.median(within[level] ** 2))) / math.sqrt(ys.size)
+    width = math.sqrt(float(within[-1]) ** 2 + blended ** 2 + level_se ** 2)
+    delta = float(y[-1]) - centre
+    if forced or abs(delta) > NEWEST_SIGMAS * width:
+        return Unconfirmed(int(y.size - 1), float(math.expm1(delta)))
+    return None

@@ -41,6 +41,47 @@ class Found:
                 "environment_changes": [e.text for e in self.env]}
 
 
+@dataclass(frozen=True)
+class NewestRun:
+    """The newest run of a series, beyond the noise of the level before it, with no later run to confirm it."""
+
+    series: Series
+    run: Run
+    size: float           # new / old - 1 of the time: > 0 slower
+
+    @property
+    def slower(self) -> bool:
+        return self.size > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"machine": self.series.machine, "backend": self.series.backend, "case_id": self.series.case_id,
+                "change": "slower" if self.slower else "faster", "run": self.run.id, "commit": self.run.commit,
+                "file": str(self.run.path), "size": self.size}
+
+    @property
+    def text(self) -> str:
+        return (f"{self.series.backend} {self.series.case_id} on {self.series.machine}: the newest run {self.run.id} "
+                f"is {100 * self.size:+.1f}% off the level before it")
+
+
+def steps_and_newest(hists: Sequence[History], since: _dt.datetime | None,
+                     threshold: float) -> tuple[list[Found], list[NewestRun]]:
+    """What ``kbench regressions`` lists: the steps of every series at or beyond ``threshold`` whose new level
+    starts at or after ``since`` (lasting slower ones first), and the unconfirmed newest runs as far off."""
+    found: list[Found] = []
+    newest: list[NewestRun] = []
+    for h in hists:
+        fits: dict[str, Fit] = {}
+        found += [f for f in find_steps(h, fits) if in_range(f, since) and beyond(f, threshold)]
+        for s in h.series:
+            u = fits[s.key].unconfirmed
+            run = h.runs[s.runs[u.index]] if u else None
+            if u and abs(u.size) >= threshold and (since is None or run.time >= since):
+                newest.append(NewestRun(s, run, u.size))
+    newest.sort(key=lambda u: (not u.slower, -abs(u.size), u.series.key))
+    return sort_found(found), newest
+
+
 def fit_series(series: Series) -> Fit:
     return detect([p.median for p in series.points], [p.ci_low for p in series.points],
                   [p.ci_high for p in series.points])

@@ -142,7 +142,18 @@ def _is_result_file(path: Path) -> bool:
     # `format` is written first by kbench; a hand-formatted file may order keys otherwise: then load_result judges
     if f'"format": "{FORMAT}"'.encode() in head or f'"format":"{FORMAT}"'.encode() in head:
         return True
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+        return False  # a JSON array (scripts/gpu_check.py's gpu-check-stages.json): a result is always an object
     return b'"format"' not in head
+
+
+def _identity(path: Path) -> Path:
+    """Where a path leads, to find a file named twice; a loop of symbolic links leads nowhere: the path itself
+    (the reader then refuses it with why, and the history goes on without it)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
+        return path.absolute()
 
 
 def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -160,7 +171,7 @@ def find_result_files(paths: Sequence[str | Path]) -> list[Path]:
     if not found:
         raise BadInput(f"no kbench result files under {', '.join(str(p) for p in paths)}", where="RESULTS_DIR",
                        fix="give the directories `kbench run` writes to (results/<machine>/)")
-    unique = {f.resolve(): f for f in found}  # a file named twice (a directory and a file in it) is one run
+    unique = {_identity(f): f for f in found}  # a file named twice (a directory and a file in it) is one run
     return sorted(unique.values())
 
 
@@ -191,7 +202,7 @@ def commit_times(commits: Iterable[str], repo: Path | None) -> dict[str, _dt.dat
 
 def default_repo(paths: Sequence[str | Path]) -> Path | None:
     """The git work tree holding the first results directory, if any (where its runs' commits live)."""
-    start = Path(paths[0]).resolve() if paths else Path.cwd()
+    start = _identity(Path(paths[0])) if paths else Path.cwd()
     for p in (start, *start.parents):
         if (p / ".git").exists():
             return p
@@ -209,7 +220,7 @@ def default_cache(paths: Sequence[str | Path]) -> Path:
     import hashlib
 
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbench"
-    key = "|".join(sorted(str(Path(p).resolve()) for p in paths))
+    key = "|".join(sorted(str(_identity(Path(p))) for p in paths))
     return root / f"history-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -235,7 +246,7 @@ def _file_key(path: Path) -> str:
         st = path.stat()
     except OSError:
         return f"{path}|unreadable"
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return f"{_identity(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def _read_one(path: Path) -> Run | BadInput:

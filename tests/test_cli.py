@@ -114,3 +114,39 @@ def test_list_shows_backends_with_status(runner):
     assert res.exit_code == 0
     line = next(l for l in res.output.splitlines() if l.startswith("numpy-flash"))
     assert "available" in line and "kbench.builtin.numpy_backends" in line
+
+
+def test_a_run_whose_stdout_is_not_a_terminal_prints_a_line_per_record_before_the_table(runner, tmp_path):
+    res = invoke(runner, "run", "suites/smoke.yaml", "-b", "numpy", "-k", "sq=64 and hkv=4 and noncausal", "-o",
+                 str(tmp_path / "r.json"))
+    lines = res.stdout.splitlines()
+    assert res.exit_code == 0 and lines[0].startswith("[1/1 0:"), res.stdout
+    assert " numpy attention[b=1,sq=64" in lines[0] and " passed " in lines[0]
+    assert lines[1].startswith("case ")  # then the table (CSV or JSON on stdout gets no lines)
+
+
+@pytest.mark.slow
+def test_a_run_into_a_pipe_prints_a_line_per_record_while_it_runs(tmp_path):
+    """Issue 34: `kbench run ... > log` printed nothing until the end (525 s on a loaded machine)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # the numpy record first, then an endless loop the case timeout (3 s) stops: the first line must be in the
+    # pipe while the process still runs
+    proc = subprocess.Popen([sys.executable, "-m", "kbench.cli", "run", "suites/smoke.yaml", "-b", "numpy", "-b",
+                             "tests/redteam/infinite_loop.py", "-k", "sq=64 and hkv=4 and noncausal",
+                             "--case-timeout", "3", "--allow-unsandboxed", "-o", str(tmp_path / "r.json")],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = proc.stdout.readline()
+        running = proc.poll() is None
+        rest = proc.stdout.read()
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait(timeout=60)
+    assert first.startswith("[1/2 ") and " numpy attention[b=1,sq=64" in first and " passed " in first, first
+    assert running, "the first line came only after the run ended"
+    assert rest.startswith("[2/2 ") and "file:infinite_loop" in rest.splitlines()[0] and "timeout" in rest
+    assert "case " in rest and "backend" in rest  # the table follows the lines

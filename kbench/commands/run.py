@@ -60,7 +60,10 @@ def _is_kernel_file(pattern: str) -> bool:
                                                  "host:6379 or auto); default: start a local one.")
 @click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
               help="An executor setting, e.g. resource=gpu_slot or slots=4 for ray (docs/scale-out.md); repeatable.")
-@click.option("--progress/--no-progress", default=None, help="Progress display (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress: a bar on stderr when it is a terminal; a line per finished record on stdout when it is "
+                   "not a terminal (`> log`, CI) and the format is table. --progress: lines on stderr when it is not a "
+                   "terminal; --no-progress: neither.")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
               show_default=True, help="Format of the table printed at the end.")
 @click.option("--profile", type=click.Choice(["ncu"]), default=None,
@@ -115,10 +118,17 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                f"{len(planned.plan.cases)} cases x {len(planned.backends)} backends = {len(work)} records"
                + (f", {left} left to run" if resume is not None else "")
                + f" -> {planned.output}", err=True)
-    show_progress = sys.stderr.isatty() if progress is None else progress
+    show_bar = sys.stderr.isatty() if progress is None else progress
+    # a log (`> log`, CI, nohup) gets a line per finished record while the run goes on: stdout before the table
+    # (--format table), stderr with --progress (CSV or JSON on stdout stays clean)
+    lines = None
+    if progress is not False and fmt == "table" and not sys.stdout.isatty():
+        lines = _progress_lines(sys.stdout, left)
+    elif progress and not sys.stderr.isatty():
+        lines = _progress_lines(sys.stderr, left)
     try:
-        writer = (_run_with_progress(pm, planned, left, existing) if show_progress
-                  else run_suite(pm, planned, existing=existing))
+        writer = (_run_with_progress(pm, planned, left, existing, lines) if show_bar
+                  else run_suite(pm, planned, existing=existing, on_record=lines))
     except RunInterrupted as exc:
         click.echo(f"\nkbench: {exc.how}; the records so far are in {planned.output} (marked incomplete); "
                    f"finish with: kbench run --resume {planned.output}", err=True)
@@ -155,7 +165,29 @@ def _executor_settings(opts) -> dict[str, str]:
     return settings
 
 
-def _run_with_progress(pm, planned, total, existing=()):
+def _progress_lines(stream, total: int):
+    """``on_record`` writing one flushed line per finished record to ``stream``, for a log (`kbench run ... > log`,
+    CI, nohup): ``[ 12/84 1:05] numpy-flash attention[...] passed 1.2 ms``, a failure with its reason."""
+    import time
+
+    from kbench.record import Record
+    from kbench.tables import fmt_time
+    from kbench.text import safe_text
+
+    start = time.monotonic()
+    width = len(str(total))
+
+    def on_record(rec, i, n):
+        r = Record.of(rec)
+        elapsed = int(time.monotonic() - start)
+        what = f"passed {fmt_time(r.median)}" if r.passed else safe_text(r.status_text)[:200]
+        stream.write(f"[{i:>{width}}/{n} {elapsed // 60}:{elapsed % 60:02d}] {safe_text(str(rec.get('backend')))} "
+                     f"{safe_text(str(rec.get('case_id')))} {what}\n")
+        stream.flush()
+    return on_record
+
+
+def _run_with_progress(pm, planned, total, existing=(), lines=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
@@ -173,4 +205,6 @@ def _run_with_progress(pm, planned, total, existing=()):
 
         def on_record(rec, i, n):
             bar.update(task, completed=i, last=f"{rec['backend']} {rec['status']}")
+            if lines is not None:
+                lines(rec, i, n)
         return run_suite(pm, planned, on_record=on_record, existing=existing)

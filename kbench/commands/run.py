@@ -136,11 +136,11 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     least = planned.plan.timing.min_samples
     click.echo(records_table(writer.records, fmt, min_samples=least))
     click.echo(f"\n{status_summary(writer.records, least)}; results in {planned.output}", err=True)
-    from kbench.run.executors import profiles_note
+    from kbench.run.executors import placement_note, profiles_note
 
-    note = profiles_note(writer.records)
-    if note:
-        click.echo(f"kbench: {note}", err=True)
+    for note in (placement_note(writer.records), profiles_note(writer.records)):
+        if note:
+            click.echo(f"kbench: {note}", err=True)
     hint = traceback_hint(writer.records, planned.output)
     if hint:
         click.echo(hint, err=True)

@@ -140,6 +140,30 @@ def profiles_note(records) -> str | None:
             "within one profile (each record's placement.profile; docs/scale-out.md)")
 
 
+def placement_note(records) -> str | None:
+    """The spread of a run's records over the nodes that measured them (``placement.node``: executors that
+    run jobs on cluster nodes), and the jobs retried after their slot was lost (``attempts``); None when
+    there is neither."""
+    from collections import Counter
+
+    nodes: Counter = Counter()
+    for r in records:
+        p = r.get("placement")
+        if isinstance(p, dict) and p.get("node"):
+            nodes[(str(p.get("host")), str(p.get("address") or "?"), str(p["node"]))] += 1
+    retried = [r for r in records if r.get("attempts")]
+    parts = []
+    if nodes:
+        spread = ", ".join(f"{host} ({address}, node {node[:8]}): {n}" for (host, address, node), n in sorted(nodes.items()))
+        parts.append(f"records measured on {len(nodes)} node{'s' * (len(nodes) != 1)}: {spread}")
+    if retried:
+        lost = sum(len(r["attempts"]) for r in retried)
+        passed = sum(r.get("status") == "passed" for r in retried)
+        parts.append(f"{len(retried)} job{'s' * (len(retried) != 1)} retried after {lost} lost attempt"
+                     f"{'s' * (lost != 1)} ({passed} then passed; each record's attempts say where and why)")
+    return "; ".join(parts) or None
+
+
 # --------------------------------------------------------------------------------------------
 # one job at a time in the calling thread
 
@@ -186,10 +210,22 @@ class SlotLost(Exception):
         self.reason, self.record = reason, record
 
 
+class SlotRetired(Exception):
+    """The slot cannot come back (its device left: a Ray node gone and no room for its actor elsewhere): the
+    job goes back to the queue unchanged (no attempt spent) and the slot's thread ends. ``record``: the
+    job's record should this be the last live slot (nothing left to run it)."""
+
+    def __init__(self, reason: str, record: dict[str, Any]) -> None:
+        super().__init__(reason)
+        self.reason, self.record = reason, record
+
+
 class SlotExecutor(Executor):
     """One thread per slot takes queued jobs and calls :meth:`run_on`. A slot lost under a job
     (:class:`SlotLost`) is replaced (:meth:`replace`) and the job retried once, on another slot when one is
-    live; a second loss is the record (``crashed``, with both reasons in ``attempts``)."""
+    live; a second loss is the record (``crashed``, with both reasons in ``attempts``). A slot that cannot
+    be replaced (:class:`SlotRetired`) hands its job back and stops; the last live slot answers the jobs
+    left with the reason instead (records, never a hung run)."""
 
     #: seconds a retry waits for a slot other than the one it failed on
     RETRY_ELSEWHERE_WAIT = 5.0
@@ -200,6 +236,10 @@ class SlotExecutor(Executor):
         self.done: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.threads: list[threading.Thread] = []
+        #: slots still running jobs (a retired slot's thread has ended), and why each retired one did
+        self.live = slots
+        self.retired: dict[int, str] = {}
+        self.lock = threading.Lock()
 
     def start(self) -> None:
         for i in range(self.slots):
@@ -237,6 +277,18 @@ class SlotExecutor(Executor):
                 continue
             try:
                 rec = self.run_on(slot, job)
+            except SlotRetired as gone:
+                if self.cancelled.is_set():
+                    return
+                with self.lock:
+                    last = self.live == 1
+                    if not last:
+                        self.live -= 1
+                        self.retired[slot] = gone.reason
+                if not last:
+                    self.todo.put(job)  # unchanged: another slot runs it
+                    return
+                rec = dict(gone.record)
             except SlotLost as lost:
                 if self.cancelled.is_set():
                     return
@@ -550,4 +602,5 @@ PUBLIC = SimpleNamespace(Executor=Executor, ExecutorFactory=ExecutorFactory, Exe
                          Job=Job, SlotExecutor=SlotExecutor, SlotLost=SlotLost, InlineExecutor=InlineExecutor,
                          placement=placement, parse_devices=parse_devices, NodeSetup=NodeSetup, node_setup=node_setup,
                          node_payload=node_payload, unsendable=unsendable, NodeRunner=NodeRunner, node_key=node_key,
-                         job_record=job_record, job_timeout=job_timeout)
+                         job_record=job_record, job_timeout=job_timeout,
+                         SlotRetired=SlotRetired, placement_note=placement_note)

@@ -10,7 +10,12 @@ derived input key only.
 Faults: an actor or node lost under a job (killed, out of memory, node gone) is :class:`SlotLost`:
 the slot gets a fresh actor and the job is retried once, on another slot when one is live; a job
 that outlasts :func:`kbench.api.executor_kit.job_timeout` counts as lost too (the run never hangs).
-Ctrl-C kills every actor (their workers die with them).
+A slot whose fresh actor finds no room in the cluster (a node gone for good) retires
+(:class:`SlotRetired`): its jobs go to the other slots. Ctrl-C kills every actor (their workers die
+with them).
+
+A cluster this executor starts itself listens on loopback only (node address 127.0.0.1:
+:mod:`kbench_ray.loopback`).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import ray.exceptions as rex
 
 from kbench.api import BadInput, KbenchError, Status
 from kbench.api import executor_kit as kx
+from kbench_ray.loopback import LOOPBACK, keep_loopback
 from kbench_ray.plugin import init_address
 from kbench_ray.settings import check_settings
 
@@ -43,6 +49,7 @@ class Node:
         try:
             self.runner = kx.NodeRunner(setup, executor="ray", slot=slot)
             self.runner.where["node"] = ray.get_runtime_context().get_node_id()
+            self.runner.where["address"] = ray.util.get_node_ip_address()
         except Exception as exc:  # noqa: BLE001 - reported with every job
             self.broken = {"host": platform.node(), "node_error": f"{type(exc).__name__}: {exc}"}
 
@@ -68,8 +75,11 @@ class RayExecutor(kx.SlotExecutor):
         self.started_ray = False
         if not ray.is_initialized():
             address = init_address(options.address)
+            keep_loopback()  # a loopback address stays one (a cluster at 127.0.0.1 listens there only)
+            local = {"_node_ip_address": LOOPBACK} if address == "local" else {}
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning")
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                         **local)
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
                 if address == "local":
                     raise KbenchError(f"cannot start a local Ray cluster: {exc}",
@@ -110,15 +120,44 @@ class RayExecutor(kx.SlotExecutor):
             self.options = {"num_cpus": 1}
         else:
             self.options = {"resources": {self.resource: 1}, "num_cpus": 0}
+        # one actor per node before two on one: jobs use every node with a free device
+        self.options["scheduling_strategy"] = "SPREAD"
         self.setup = kx.node_setup(self.pm, self.planned, concurrent=slots)
 
     # -- slots ------------------------------------------------------------------------------------
 
-    def _actor(self, slot: int):
-        if self.actors[slot] is None:
-            remote = ray.remote(max_restarts=0, max_task_retries=0)(Node)
-            self.actors[slot] = remote.options(**self.options).remote(self.setup, slot)
-        return self.actors[slot]
+    def _actor(self, slot: int, job):
+        """The slot's actor, started and placed. A fresh actor waits for room in the cluster; when the cluster
+        no longer has a device for every live slot (a node gone), the slot retires instead."""
+        if self.actors[slot] is not None:
+            return self.actors[slot]
+        remote = ray.remote(max_restarts=0, max_task_retries=0)(Node)
+        actor = self.actors[slot] = remote.options(**self.options).remote(self.setup, slot)
+        ready = actor.__ray_ready__.remote()
+        deadline = time.monotonic() + self.job_timeout
+        where = {"executor": "ray", "slot": slot, "host": "?", "device": self.planned.ctx.device.name}
+        while not ray.wait([ready], timeout=POLL)[0]:
+            if self.cancelled.is_set():
+                raise kx.SlotRetired("cancelled", {})
+            have = int(ray.cluster_resources().get(self.resource, 0))
+            if have < self.live:
+                self.replace(slot)
+                reason = (f"slot {slot} retired: the Ray cluster has {have} {self.resource!r} left for "
+                          f"{self.live} slots (a node left)")
+                raise kx.SlotRetired(reason, kx.job_record(self.planned, job, Status.ERROR.value,
+                                                           f"no Ray node left to run it: {reason}",
+                                                           cause="infrastructure", placement=where))
+            if time.monotonic() > deadline:
+                reason = f"the Ray actor of slot {slot} was not placed within {self.job_timeout:g} s"
+                raise kx.SlotLost(reason, kx.job_record(self.planned, job, Status.TIMEOUT.value, reason,
+                                                       cause="infrastructure", placement=where))
+        try:
+            ray.get(ready)
+        except LOST as exc:
+            reason = f"the Ray actor of slot {slot} was lost while starting: {_first_line(exc)}"
+            raise kx.SlotLost(reason, kx.job_record(self.planned, job, Status.CRASHED.value, reason,
+                                                   cause="infrastructure", placement=where)) from None
+        return actor
 
     def _wait(self, ref, deadline: float) -> bool:
         while time.monotonic() < deadline:
@@ -133,7 +172,7 @@ class RayExecutor(kx.SlotExecutor):
         payload = kx.node_payload(self.pm, self.planned, job)
         if payload is None:
             return kx.unsendable(self.planned, job)
-        actor = self._actor(slot)
+        actor = self._actor(slot, job)
         ref = actor.run.remote(payload)
         where = {"executor": "ray", "slot": slot, "host": "?", "device": self.planned.ctx.device.name}
         if not self._wait(ref, time.monotonic() + self.job_timeout):
@@ -187,8 +226,10 @@ class RayExecutor(kx.SlotExecutor):
             self.started_ray = False
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "slots": self.slots, "resource": self.resource,
-                "driver": platform.node()}
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        return {"name": self.name, "slots": self.slots, "resource": self.resource, "driver": platform.node(),
+                "nodes": [{"node": n["NodeID"], "address": n["NodeManagerAddress"],
+                           self.resource: n.get("Resources", {}).get(self.resource, 0)} for n in nodes]}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -56,8 +56,11 @@ pytestmark = pytest.mark.xdist_group("ray")
 
 @pytest.fixture(scope="module")
 def cluster():
+    from kbench_ray.loopback import keep_loopback
+
+    keep_loopback()  # node address 127.0.0.1: every server of this cluster listens on loopback only
     ray.init(num_cpus=2, resources={"kdev": 2}, include_dashboard=False, log_to_driver=False,
-             logging_level="warning")
+             logging_level="warning", _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
 
@@ -256,7 +259,8 @@ def standing_cluster(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    head = subprocess.Popen(["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+    head = subprocess.Popen([sys.executable, "-m", "kbench_ray.loopback",  # `ray start` kept on loopback
+                             "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
                              "--num-cpus", "1", "--resources", '{"standing": 1}', "--include-dashboard", "false",
                              "--disable-usage-stats", "--block"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,249 @@
+"""The ray executor on a Ray cluster of several nodes on this host (a head and two workers of one CPU each,
+all on loopback: kbench_ray.localcluster), against the local executor's records; a node lost mid-run; a
+parent killed and resumed; and what every cluster kbench and these tests start listens on."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from kbench.api import load_result  # noqa: E402
+from kbench_ray.localcluster import LocalCluster, descendants, listeners, not_loopback  # noqa: E402
+from kbench_ray.loopback import is_loopback, keep_loopback  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+SMOKE = str(ROOT / "suites/smoke.yaml")
+#: 8 cases x 2 backends = 16 jobs
+SELECT = ["-k", "d=32"]
+
+#: an untrusted kernel file: travels to the nodes as text, runs in their sandboxed workers
+KERNEL = '''
+import time
+from kbench.builtin.numpy_backends import attention_numpy
+
+NAME = "file:honest"
+
+
+def attention(q, k, v, out, *, causal, scale):
+    time.sleep({sleep})
+    attention_numpy(q, k, v, out, causal=causal, scale=scale)
+'''
+
+#: one Ray cluster at a time when the suite runs in several processes (pytest-xdist, --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ray")
+
+
+def test_multinode_loopback_addresses_are_kept_as_loopback():
+    assert all(is_loopback(a) for a in ("127.0.0.1", "127.0.0.3", "::1", "[::1]", "::ffff:127.0.0.1", "localhost"))
+    assert not any(is_loopback(a) for a in ("0.0.0.0", "::", "192.0.2.2", "10.0.0.1", "fd00::2", "head-node"))
+    from ray._private import services
+
+    keep_loopback()
+    keep_loopback()  # idempotent
+    # Ray's own function turns 127.0.0.1 into the host's network address (and its servers then listen on
+    # every interface); kept, a loopback node or cluster address stays on loopback
+    assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+    assert services.resolve_ip_for_localhost("localhost") == "127.0.0.1"
+    assert services.resolve_ip_for_localhost("10.1.2.3") == "10.1.2.3"
+    assert services.canonicalize_bootstrap_address("127.0.0.1:6379") == "127.0.0.1:6379"
+
+
+def local_triples(tmp_path, *args):
+    from click.testing import CliRunner
+
+    from kbench.testing import cli
+
+    out = tmp_path / "local.json"
+    res = CliRunner().invoke(cli, ["run", SMOKE, *args, "-o", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    return triples(out)
+
+
+def triples(path):
+    return sorted((r["case_id"], r["backend"], r["status"]) for r in load_result(path)["records"])
+
+
+def kbench(*args, env, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kbench.cli", "run", *args, "--no-progress"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def records_so_far(path: Path) -> list[dict]:
+    try:
+        return load_result(path)["records"]
+    except Exception:  # noqa: BLE001 - not written yet, or being written
+        return []
+
+
+class Watch:
+    """Samples the listening sockets of the cluster's processes and of a kbench run while it runs."""
+
+    def __init__(self, cluster: LocalCluster, proc: subprocess.Popen) -> None:
+        self.cluster, self.proc = cluster, proc
+        self.bad: set = set()
+        self.seen: set = set()
+        self.samples = 0
+
+    def sample(self) -> None:
+        pids = [*self.cluster.processes(), self.proc.pid, *descendants(self.proc.pid)]
+        self.seen.update((ip, port, name) for ip, port, _, name in listeners(pids))
+        self.bad.update((ip, port, name) for ip, port, _, name in not_loopback(pids))
+        self.samples += 1
+
+
+def finish(proc: subprocess.Popen, watch: Watch | None = None, timeout: float = 600,
+           during=None) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if watch is not None:
+            watch.sample()
+        if during is not None:
+            during()
+        time.sleep(0.5)
+    if proc.poll() is None:
+        proc.kill()
+    _, err = proc.communicate()
+    return proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    """A head and two worker nodes of one CPU each, on loopback, token authentication on."""
+    with LocalCluster(workers=2, cpus=1) as cluster:
+        yield cluster
+    assert not cluster.left(), f"processes of the cluster still running: {cluster.left()}"
+
+
+@pytest.mark.slow
+def test_multinode_a_local_cluster_kbench_starts_listens_on_loopback_only(tmp_path):
+    """`--executor ray` without an address starts Ray in the process: every listening socket of it and of the
+    processes it starts (GCS, raylet, agents, the actors and their workers) is on loopback, so is its node."""
+    from kbench.api import RunRequest, get_plugin_manager, load_suite, plan_run, run_suite
+
+    assert not ray.is_initialized()
+    pm = get_plugin_manager()
+    req = RunRequest(suite=load_suite(SMOKE), device="cpu", backend_patterns=["numpy"],
+                     keyword="d=32 and noncausal and sq=64", output=tmp_path / "r.json", executor="ray")
+    planned = plan_run(pm, req)
+    seen: dict = {}
+
+    def look(rec, i, n):
+        pids = [os.getpid(), *descendants(os.getpid())]
+        seen["all"] = listeners(pids)
+        seen["bad"] = not_loopback(pids)
+        seen["nodes"] = [n["NodeManagerAddress"] for n in ray.nodes()]
+
+    writer = run_suite(pm, planned, on_record=look)
+    assert {r["status"] for r in writer.records} == {"passed"} and len(writer.records) == 2
+    names = {name for *_, name in seen["all"]}
+    assert {"gcs_server", "raylet"} <= names, seen["all"]  # the sockets were found, not an empty list
+    assert seen["bad"] == [], seen["bad"]
+    assert seen["nodes"] == ["127.0.0.1"]
+    assert {r["placement"]["address"] for r in writer.records} == {"127.0.0.1"}
+    assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_multinode_three_nodes_give_the_local_records_from_every_node_on_loopback(three_nodes, tmp_path):
+    kernel = tmp_path / "k" / "honest.py"
+    kernel.parent.mkdir()
+    kernel.write_text(textwrap.dedent(KERNEL.format(sleep=0.05)))
+    common = [SMOKE, "-b", "numpy", "-b", str(kernel), *SELECT]
+    local = local_triples(tmp_path, *common[1:])
+    out = tmp_path / "ray.json"
+    proc = kbench(*common, "-o", str(out), "--executor", "ray", "--address", three_nodes.address,
+                  env=three_nodes.env)
+    watch = Watch(three_nodes, proc)
+
+    def drop_the_kernel_file():
+        # the nodes got the kernel's text with each job: the file on disk is not needed after planning
+        if kernel.exists() and records_so_far(out):
+            kernel.unlink()
+            kernel.parent.rmdir()
+
+    code, err = finish(proc, watch, during=drop_the_kernel_file)
+    assert code == 0, err
+    assert not kernel.exists()
+    assert triples(out) == local and len(local) == 16 and {s for *_, s in local} == {"passed"}
+    data = load_result(out)
+    nodes = {n["node"] for n in three_nodes.alive_nodes()}
+    assert len(nodes) == 3 and {n["node"] for n in data["executor"]["nodes"]} == nodes
+    where = [r["placement"] for r in data["records"]]
+    assert {p["node"] for p in where} == nodes  # every node measured some
+    assert {p["address"] for p in where} == {"127.0.0.1"} and all(p["host"] for p in where)
+    assert all(r["worker"]["sandbox"] for r in data["records"] if r["backend"] == "file:honest")
+    assert "records measured on 3 nodes" in err, err
+    # nothing of the cluster, the run, its actors or their workers listened beyond loopback
+    assert watch.samples >= 3 and any(name == "gcs_server" for *_, name in watch.seen), watch.seen
+    assert watch.bad == set(), watch.bad
+
+
+@pytest.mark.slow
+def test_multinode_resume_after_the_parent_is_killed(three_nodes, tmp_path):
+    kernel = tmp_path / "honest.py"
+    kernel.write_text(textwrap.dedent(KERNEL.format(sleep=0.05)))
+    common = [SMOKE, "-b", "numpy", "-b", str(kernel), *SELECT]
+    out = tmp_path / "ray.json"
+    proc = kbench(*common, "-o", str(out), "--executor", "ray", "--address", three_nodes.address,
+                  env=three_nodes.env, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while len(records_so_far(out)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)  # the parent dies: no chance to mark its file
+    proc.communicate()
+    part = records_so_far(out)
+    assert 2 <= len(part) < 16, len(part)
+    res = kbench("--resume", str(out), "--executor", "ray", "--address", three_nodes.address, env=three_nodes.env)
+    code, err = finish(res)
+    assert code == 0, err
+    full = load_result(out)
+    assert full["complete"] and len(full["records"]) == 16
+    keys = [(r["case_id"], r["backend"]) for r in full["records"]]
+    assert len(set(keys)) == 16  # none twice
+    assert {r["status"] for r in full["records"]} == {"passed"}
+    assert [(r["case_id"], r["backend"]) for r in full["records"][:len(part)]] == \
+        [(r["case_id"], r["backend"]) for r in part]  # the records of the killed run were kept as they were
+
+
+@pytest.mark.slow
+def test_multinode_a_node_lost_mid_run_loses_no_record(three_nodes, tmp_path):
+    """The raylet of a worker node is killed while its slot holds a job: the job is retried on another node,
+    the slot retires, every record is there once and the run says what happened. (Last in this module: the
+    cluster has two nodes afterwards.)"""
+    kernel = tmp_path / "slow.py"
+    kernel.write_text(textwrap.dedent(KERNEL.format(sleep=0.3)))  # jobs of seconds: the kill meets one
+    common = [SMOKE, "-b", "numpy", "-b", str(kernel), *SELECT]
+    local = local_triples(tmp_path, *common[1:])
+    out = tmp_path / "ray.json"
+    proc = kbench(*common, "-o", str(out), "--executor", "ray", "--address", three_nodes.address,
+                  env=three_nodes.env)
+    victim = {n["node"] for n in three_nodes.alive_nodes() if "node2" in n["resources"]}
+    killed: dict = {}
+
+    def kill_a_node():
+        if not killed and len(records_so_far(out)) >= 2:
+            killed["at"] = len(records_so_far(out))
+            killed["pid"] = three_nodes.kill_raylet(2)
+
+    code, err = finish(proc, during=kill_a_node)
+    assert killed, "the run ended before a node could be killed"
+    assert code == 0, err
+    data = load_result(out)
+    assert triples(out) == local and len(data["records"]) == 16  # none lost, none twice, all passed
+    retried = [r for r in data["records"] if r.get("attempts")]
+    assert retried, "no job was in flight on the lost node"
+    for r in retried:
+        (lost,) = r["attempts"]
+        assert lost["status"] == "crashed" and "was lost" in lost["reason"], lost
+        assert r["placement"]["node"] not in victim  # the retry ran on a node still there
+    assert "retried after" in err and "then passed" in err, err
+    assert len(three_nodes.alive_nodes()) == 2

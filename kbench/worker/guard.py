@@ -31,6 +31,7 @@ import fnmatch
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Iterable
 
 #: modules a kernel may not import, however the import is spelled (fnmatch on the module name)
@@ -61,6 +62,19 @@ INTROSPECTION: tuple[str, ...] = ("sys._getframe", "sys._getframemodulename", "s
                                   "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
                                   "resource.prlimit")
 
+#: events refused **whoever raises them** (a thread's target, a ``functools.partial``, a ``weakref.finalize``
+#: callback, a method found with ``getattr``), unless the harness itself does with no candidate code on the stack:
+#: nothing a library does for a kernel needs them, so they need no attribution to the frame that asked
+WHOEVER: tuple[str, ...] = ("os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
+                            "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                            "sys._current_exceptions")
+#: machinery that calls what it was handed: a frame of it nearest an event says nothing about who asked
+_LAUNDERING = (os.sep + "threading.py", os.sep + "weakref.py", os.sep + "concurrent" + os.sep + "futures" + os.sep,
+               os.sep + "asyncio" + os.sep, os.sep + "sched.py", os.sep + "_weakrefset.py")
+
+#: events that reach only the calling thread's own stack: not refused in a candidate's thread for that alone
+_OWN_STACK = frozenset({"sys._getframe", "sys._getframemodulename"})
+
 #: attributes that lead to frames: candidate code may not read them (``object.__getattr__`` events)
 FRAME_ATTRIBUTES: frozenset[str] = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 #: attributes candidate code may not read, set or delete on the harness's own functions and classes
@@ -79,6 +93,9 @@ _PASS_THROUGH = (os.sep + "ctypes" + os.sep, os.sep + "inspect.py", os.sep + "fu
 #: its code, its own introspection), never to the candidate that asked for the import
 _IMPORT_SYSTEM = ("<frozen importlib", os.sep + "importlib" + os.sep)
 
+#: what :meth:`Guard._originator` says when the import system's frames come first
+_IMPORTING = "<the import system>"
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -96,6 +113,10 @@ class Guard:
         self.loaded_kbench = frozenset(m for m in sys.modules if m == "kbench" or m.startswith("kbench."))
         self.refusals: list[str] = []
         self._busy = threading.local()
+        #: threads started while candidate code was on the stack (or by such a thread): theirs, whatever they run
+        self.tainted: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        self._files: dict[str, bool] = {}   # code file -> in the scratch directory (realpath once per file)
+        self.thread_gate: _ThreadGate | None = None
 
     # -- the hook
 
@@ -117,8 +138,8 @@ class Guard:
         if event == "import":
             return self._import(args)
         if event == "object.__getattr__" and len(args) > 1:
-            if args[1] in FRAME_ATTRIBUTES:
-                return self._if_candidate(f"{event} {args[1]!r}")
+            if args[1] in FRAME_ATTRIBUTES:  # a thread's own frames lead to its own stack only
+                return self._if_candidate(f"{event} {args[1]!r}", thread_too=False)
             if args[1] in HARNESS_ATTRIBUTES:
                 # Triton's JIT and torch read these constantly; candidate code reading them on kbench's own
                 # functions is how harness state is reached
@@ -135,8 +156,10 @@ class Guard:
             return self._writes(event, args)
         if _matches(event, NEVER):
             return f"audit: refused {event} {_short(args)}"
+        if _matches(event, WHOEVER):
+            return self._unless_harness(f"{event} {_short(args)}")
         if _matches(event, INTROSPECTION):
-            return self._if_candidate(f"{event} {_short(args)}")
+            return self._if_candidate(f"{event} {_short(args)}", thread_too=event not in _OWN_STACK)
         return None
 
     # -- the rules
@@ -205,31 +228,81 @@ class Guard:
             return False
         return real.startswith(("/tmp/", "/dev/shm/", "/var/tmp/")) or bool(self.system_roots)
 
-    def _if_candidate(self, what: str, *, target: Any = None, through_imports: bool = False) -> str | None:
+    def _unless_harness(self, what: str) -> str | None:
+        """Refused unless the harness or a library raised the event on its own: no candidate code anywhere on the
+        stack, not in a thread candidate code started, and the nearest frame is neither missing (a builtin run
+        straight from C: a raw thread's target, an ``atexit`` handler) nor machinery that calls what it was
+        handed (``threading``, ``weakref.finalize``, ``concurrent.futures``)."""
+        if self.candidate_involved():
+            return f"audit: refused {what} (candidate code on the stack or in its thread)"
+        origin = self._nearest()
+        if origin is None or any(p in origin for p in _LAUNDERING):
+            return f"audit: refused {what} (called through {origin or 'no Python frame'})"
+        return None
+
+    def _nearest(self) -> str | None:
+        """The file of the nearest frame that is not this module's or ctypes/inspect/functools machinery."""
+        frame = sys._getframe()
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name != __file__ and not any(p in name for p in _PASS_THROUGH):
+                return name
+            frame = frame.f_back
+        return None
+
+    def _in_scratch(self, filename: str) -> bool:
+        known = self._files.get(filename)
+        if known is None:
+            known = filename.startswith(os.sep) and _under(os.path.realpath(filename), self.scratch)
+            if len(self._files) < 4096:
+                self._files[filename] = known
+        return known
+
+    def candidate_involved(self) -> bool:
+        """Whether candidate code is anywhere on this thread's stack, or this thread is one it started."""
+        if self.tainted and threading.current_thread() in self.tainted:
+            return True
+        frame = sys._getframe()
+        while frame is not None:
+            if self._in_scratch(frame.f_code.co_filename):
+                return True
+            frame = frame.f_back
+        return False
+
+    def _if_candidate(self, what: str, *, target: Any = None, through_imports: bool = False,
+                      thread_too: bool = True) -> str | None:
         """Refused when candidate code raised the event (and, with ``target``, it concerns kbench's own objects).
 
         ``through_imports``: the event is an import request itself, so the import system's frames are
-        passed through to the code that asked for it.
+        passed through to the code that asked for it. ``thread_too``: also when machinery that calls what it
+        is handed (:data:`_LAUNDERING`: ``threading``, ``concurrent.futures``...) raised it, or no Python frame
+        did, in a thread candidate code started or with candidate code on the stack (not for events that reach
+        only the thread's own frames).
         """
         if target is not None:
             module = getattr(target, "__module__", None)
             if not isinstance(module, str) or not (module == "kbench" or module.startswith("kbench.")):
                 return None  # the kernel's own functions and classes, NumPy's, Triton's: fine
         origin = self._originator(through_imports)
-        if origin is None or not _under(origin, self.scratch):
-            return None
-        return f"audit: refused {what}"
+        if origin is not None and _under(origin, self.scratch):
+            return f"audit: refused {what}"
+        if thread_too and origin != _IMPORTING and (origin is None or any(p in origin for p in _LAUNDERING)) \
+                and self.candidate_involved():
+            # machinery (a thread, an executor, a timer) running what candidate code handed it
+            return f"audit: refused {what} (handed to {origin or 'no Python frame'} by candidate code)"
+        return None
 
     def _originator(self, through_imports: bool = False) -> str | None:
-        """The file of the nearest frame that is not ctypes or inspect machinery (or this module); None
-        when the import system comes first (a module being loaded did it), unless ``through_imports``."""
+        """The file of the nearest frame that is not ctypes or inspect machinery (or this module);
+        :data:`_IMPORTING` when the import system comes first (a module being loaded did it), unless
+        ``through_imports``; None when there is no Python frame at all."""
         frame = sys._getframe()
         here = __file__
         while frame is not None:
             name = frame.f_code.co_filename
             if any(p in name for p in _IMPORT_SYSTEM):
                 if not through_imports:
-                    return None
+                    return _IMPORTING
             elif name != here and not any(p in name for p in _PASS_THROUGH):
                 return os.path.realpath(name) if name.startswith(os.sep) else name
             frame = frame.f_back
@@ -238,9 +311,46 @@ class Guard:
     # -- what was refused
 
     def drain(self) -> list[str]:
-        """The events refused since the last call (facts for the judge, which fails the record on any)."""
+        """The events refused since the last call (facts for the judge, which fails the record on any), and the
+        thread gate found replaced (threads a kernel starts would no longer be known as its)."""
+        if self.thread_gate is not None and threading._start_new_thread is not self.thread_gate:  # type: ignore[attr-defined]
+            self.refusals.append("audit: refused threading._start_new_thread replaced (harness tampering: threads "
+                                 "started by candidate code would no longer be known as its)")
+            threading._start_new_thread = self.thread_gate  # type: ignore[attr-defined]
         refused, self.refusals = self.refusals, []
         return refused
+
+
+class _ThreadGate:
+    """``threading._start_new_thread`` while the guard is installed: a thread started with candidate code on the
+    stack (or from a thread it started) is the candidate's, so what its target does is refused as the candidate's
+    (``threading.Thread(target=os.kill, ...)``); a raw thread (not a ``threading.Thread``) it is refused outright.
+
+    Python 3.11 raises no audit event when a thread starts (3.13 does), hence a wrapper of the one function every
+    ``threading.Thread`` starts through. Candidate code could find the original through the wrapper; the static
+    policy forbids ``threading._*`` and ``sys.modules``, and :meth:`Guard.drain` puts the wrapper back and says
+    so when it was replaced."""
+
+    def __init__(self, guard: Guard, start: Any) -> None:
+        self._guard, self._start = guard, start
+
+    def __call__(self, function: Any, args: tuple, *kwargs: Any) -> Any:
+        guard = self._guard
+        busy, was = guard._busy, getattr(guard._busy, "on", False)
+        busy.on = True  # the gate's own sys._getframe is not the candidate's
+        try:
+            involved = guard.candidate_involved()
+        finally:
+            busy.on = was
+        if involved:
+            owner = getattr(function, "__self__", None)
+            if isinstance(owner, threading.Thread) and getattr(function, "__name__", "") == "_bootstrap":
+                guard.tainted.add(owner)
+            else:
+                why = f"audit: refused a raw thread started by candidate code {_short((function,))}"
+                guard.refusals.append(why)
+                raise AuditRefused(why)
+        return self._start(function, args, *kwargs)
 
 
 class _ImportGate:
@@ -265,6 +375,8 @@ def install(scratch: str, *, system_roots: Iterable[str] = ()) -> Guard:
     """Add the audit hook for this process (for good: audit hooks cannot be removed) and return its state."""
     guard = Guard(scratch, system_roots=system_roots)
     sys.meta_path.insert(0, _ImportGate(guard))
+    guard.thread_gate = _ThreadGate(guard, threading._start_new_thread)  # type: ignore[attr-defined]
+    threading._start_new_thread = guard.thread_gate  # type: ignore[attr-defined]
     sys.addaudithook(guard)
     return guard
 

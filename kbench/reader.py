@@ -149,8 +149,28 @@ def read_json(path: str | Path, *, limit: int = MAX_RESULT_BYTES, what: str = "J
               missing_fix: str = "check the path", fix: str | None = None, damaged_fix: str | None = None) -> Any:
     """A regular file's JSON document, read and parsed with every limit of this module (see
     :func:`parse_json` for ``fix`` and ``damaged_fix``)."""
+    before = _version(path)
     text = read_text(path, limit=limit, what=what, missing_fix=missing_fix, fix=fix)
-    return parse_json(text, file=str(path), what=what, fix=fix, damaged_fix=damaged_fix)
+    try:
+        return parse_json(text, file=str(path), what=what, fix=fix, damaged_fix=damaged_fix)
+    except BadInput as exc:
+        if before is None or _version(path) in (None, before):
+            raise
+        # not "cut short": another process was writing it (its size or time changed while it was read)
+        raise BadInput(f"the {what} changed while it was read ({before[0]:,} bytes before, {_version(path)[0]:,} "
+                       f"after: another process is writing it?), and what was read is not a whole {what}",
+                       file=str(path), where=exc.where,
+                       fix="read it again once nothing is writing it (a running `kbench run` finishes its file "
+                           "with one atomic rename)") from None
+
+
+def _version(path: str | Path) -> tuple[int, int] | None:
+    """(size, modification time in ns) of ``path``, None where it cannot be seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 # -- JSON --------------------------------------------------------------------------------------------------------
@@ -334,12 +354,27 @@ def _locate(text: str, token: str | None) -> str | None:
 def _syntax_error(text: str, exc: json.JSONDecodeError, what: str) -> tuple[str]:
     head = text.lstrip()[:1]
     if head not in ("{", "["):
-        first = text.strip().splitlines()[0] if text.strip() else ""
-        return (f"not a {what}: it is not JSON (it begins with {_short(first, keep=40)})" if first
-                else f"not a {what}: it is empty",)
+        # nothing of it is quoted: a file that is not what was expected may be anything (a link to
+        # /proc/self/environ quoted the environment's first variable); only its kind is said
+        return (f"not a {what}: {_kind_of(text)}" if text.strip() else f"not a {what}: it is empty",)
     if text.rstrip()[-1:] not in ("}", "]"):  # a document that does not end as one: cut short
         return (f"not valid JSON: {exc.msg} (the file ends early: cut short by a copy or a full disk?)",)
     return (f"not valid JSON: {exc.msg}",)
+
+
+def _kind_of(text: str) -> str:
+    """What a text that is not JSON looks like, in words, without quoting any of it."""
+    lines = text.count("\n") + 1
+    if "\0" in text:
+        kind = "binary data (NUL characters; e.g. a file of /proc)"
+    elif text.lstrip().startswith("#"):
+        kind = "text that begins with a '#' line (Markdown? a script?)"
+    elif text.lstrip().startswith(("version:", "name:", "---")):
+        kind = "text that begins like YAML (a suite?)"
+    else:
+        kind = "text that does not begin with { or ["
+    return (f"it is not JSON: {kind}, {len(text):,} characters on {lines:,} line{'s' if lines > 1 else ''} "
+            "(nothing of it is quoted here)")
 
 
 # -- OS errors in words ---------------------------------------------------------------------------------------

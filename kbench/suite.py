@@ -162,6 +162,11 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         return f"the key {error.instance!r} is not a name ({error.message})"
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key")
+    if error.validator in ("maxLength", "pattern") and isinstance(error.instance, str) and len(error.instance) > 60:
+        # never the whole string: a 5,000-character name is not quoted back
+        rule = (f"longer than {error.validator_value} characters" if error.validator == "maxLength"
+                else f"not of the form {error.validator_value}")
+        return f"{error.instance[:40]!r}... ({len(error.instance):,} characters) is {rule}"
     return error.message
 
 

@@ -123,7 +123,7 @@ def test_commands_refuse_special_files_with_exit_2(tmp_path):
     ('{"samples": [' + ",".join(["0.000125"] * (MAX_ITEMS + 1)) + "]}", f"an array of {MAX_ITEMS + 1:,} items",
      "samples"),
     ("[" + ",".join(["{}"] * 3_000_000) + "]", "its structure would take about", None),
-    ("# kbench\n\nnot json", "it is not JSON (it begins with '# kbench')", "line 1, column 1"),
+    ("# kbench\n\nnot json", "it is not JSON: text that begins with a '#' line", "line 1, column 1"),
     ('{"a": [1, 2', "the file ends early", "line 1, column 12"),
 ], ids=["digits", "1e999", "NaN", "duplicate-key", "depth", "depth-recursion", "long-string", "long-array",
         "structure", "not-json", "cut-short"])
@@ -150,7 +150,7 @@ def test_not_utf8_names_the_byte(tmp_path):
 
 def test_a_readme_given_as_a_result_says_what_to_give_not_to_re_run(tmp_path):
     res = invoke("show", ROOT / "README.md")
-    assert res.exit_code == 2 and "not a result file: it is not JSON (it begins with '# kbench" in res.output
+    assert res.exit_code == 2 and "not a result file: it is not JSON: text that begins with a '#' line" in res.output
     assert "give a result file written by `kbench run`" in res.output and "re-run" not in res.output
     cut = tmp_path / "cut.json"
     cut.write_text(DECODE.read_text()[:500])  # a real file cut short: that one may be restored or re-run
@@ -356,3 +356,45 @@ def test_a_report_of_more_backends_than_colours_is_drawn(tmp_path):
     res = invoke("report", write(tmp_path / "many.json", data), "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output  # was IndexError: the eleventh bar's default colour
     assert "b10" in (tmp_path / "r.html").read_text()
+
+
+# -- issue 34: what a refusal quotes, a file written while read, a suite name too long for a file name ------------
+
+def test_a_link_to_proc_self_environ_is_refused_without_quoting_any_of_it(tmp_path):
+    link = tmp_path / "env.json"
+    link.symlink_to("/proc/self/environ")
+    first = Path("/proc/self/environ").read_bytes().split(b"\0")[0].decode(errors="replace")
+    res = invoke("show", link)
+    assert res.exit_code == 2 and "not a result file: it is not JSON: binary data" in res.output, res.output
+    assert first and first[:12] not in res.output and first.split("=")[0] + "=" not in res.output
+
+
+def test_a_file_that_changes_while_it_is_read_is_not_called_cut_short(tmp_path, monkeypatch):
+    import kbench.reader as reader
+
+    path = tmp_path / "r.json"
+    path.write_text(DECODE.read_text()[:500])  # what a reader sees of a file another process is still writing
+    real = reader.read_text
+
+    def read_then_the_writer_goes_on(*args, **kw):
+        text = real(*args, **kw)
+        with open(path, "a") as fh:  # the writer appends while the reader parses
+            fh.write(DECODE.read_text()[500:])
+        return text
+
+    monkeypatch.setattr(reader, "read_text", read_then_the_writer_goes_on)
+    with pytest.raises(BadInput) as err:
+        read_json(path, what="result file")
+    assert err.value.message.startswith("the result file changed while it was read (500 bytes before, ")
+    assert "ends early" not in err.value.message and "cut short" not in err.value.message
+    assert "nothing is writing it" in err.value.fix
+
+
+def test_a_5000_character_suite_name_is_refused_by_the_suite_schema_without_quoting_it(tmp_path):
+    suite = tmp_path / "long.yaml"
+    suite.write_text(f"version: 1\nname: {'a' * 5000}\nbackends: [numpy]\ngrid: [{{seqlen: 64, heads: 2, head_dim: 32}}]\n")
+    res = invoke("run", suite, "--no-progress", "-o", tmp_path / "r.json")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "name (line 2)" in res.output and "(5,000 characters) is longer than 128 characters" in res.output
+    assert "a" * 100 not in res.output and "result file" not in res.output.split("fix:")[0]
+    assert suite_from_data({"name": "n" * 128, "grid": [{"seqlen": 64, "heads": 2, "head_dim": 32}]}).name == "n" * 128

@@ -99,6 +99,10 @@ class Measurement:
     result_file: Path | None = None
     #: the result file's header (machine, environment, suite, selection), as written
     header: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: backend name -> the held-out shapes' verdict (kbench.fuzz.heldout.HeldOut) of each kernel file measured
+    held_out: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: show the held-out shapes in ``failures`` (else only what went wrong)
+    show_held_out: bool = field(default=False, repr=False)
 
     # -- which records ------------------------------------------------------------------------------
 
@@ -133,12 +137,18 @@ class Measurement:
         """``"backend @ case id" -> "status: reason"`` for every record that did not pass (a skipped case
         counts: it was not measured). ``backend``: only that one's."""
         records = self.records if backend is None else self.of(backend)
-        return {f"{r.backend} @ {r.case_id}": r.status_text for r in records if not r.passed}
+        out = {f"{r.backend} @ {r.case_id}": r.status_text for r in records if not r.passed}
+        for name, verdict in self.held_out.items():  # docs/fuzz.md, "Held-out shapes"
+            if (backend is None or name == self._name(backend)) and not verdict.passed:
+                out[f"{name} @ (held-out)"] = verdict.reason(self.show_held_out) or str(verdict.infrastructure)
+        return out
 
     @property
     def passed(self) -> bool:
-        """Every record of every backend passed (correct on every check, timed)."""
-        return bool(self.records) and all(r.passed for r in self.records)
+        """Every record of every backend passed (correct on every check, timed), and every kernel file on the
+        held-out shapes."""
+        return (bool(self.records) and all(r.passed for r in self.records)
+                and all(v.passed for v in self.held_out.values()))
 
     def assert_passed(self, backend: str | None = None) -> None:
         """AssertionError listing each record that did not pass (for tests)."""
@@ -209,6 +219,7 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
             check: Mapping[str, Any] | None = None, integrity: Mapping[str, Any] | None = None,
             keyword: str | None = None, isolate: bool = True, case_timeout: float | None = None,
             trust_kernel_files: bool = False, allow_unsandboxed: bool = False, force: bool = False,
+            held_out: int | None = None, show_held_out: bool = False,
             pm: PluginManager | None = None) -> Measurement:
     """Measure ``targets`` (and ``baseline``) on cases, in one run, as ``kbench run`` would.
 
@@ -221,6 +232,11 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
     ``timing``, ``check`` and ``integrity`` override the suite's settings of the same names (docs/suites.md).
     ``output``: a ``.json`` path, or a directory that gets ``<machine>/<suite>-<time>.json`` as the results
     root does; None: the result file is temporary and removed once its records are read.
+
+    Held-out shapes (docs/fuzz.md): every kernel file target (untrusted: a candidate) that passed every case is
+    also checked, for correctness only, on ``held_out`` shapes near the suite's (default
+    :data:`kbench.fuzz.heldout.HELD_OUT_CASES`; 0 turns it off), drawn from a secret of this call's; the verdict
+    is in ``Measurement.held_out`` and a failure in ``failures()`` (the shape hidden unless ``show_held_out``).
     """
     pm = pm if pm is not None else get_plugin_manager()
     if not targets and baseline is None:
@@ -267,10 +283,27 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
         writer = run_suite(pm, planned)
         records = [Record.of(r) for r in writer.records]
         header = {k: v for k, v in writer.data.items() if k != "records"}
+        held = _held_out(pm, planned, records, held_out, allow_unsandboxed)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Measurement(records, names, base_name, the_suite, device_name, None if tmp else path, header)
+    return Measurement(records, names, base_name, the_suite, device_name, None if tmp else path, header, held,
+                       show_held_out)
+
+
+def _held_out(pm: PluginManager, planned, records: list[Record], n: int | None, allow_unsandboxed: bool):
+    """The held-out verdicts of the run's kernel files that passed every case (kbench.fuzz.heldout)."""
+    from kbench.fuzz.heldout import HELD_OUT_CASES, check_held_out
+
+    n = HELD_OUT_CASES if n is None else n
+    given = {Path(f) for f in planned.request.kernel_files}
+    files = [b for b in planned.backends if b.source_path and Path(b.source_path) in given and not b.trusted]
+    ok = [b for b in files if all(r.passed for r in records if r.backend == b.name)
+          and any(r.backend == b.name for r in records)]
+    if n <= 0 or not ok:
+        return {}
+    return check_held_out(pm, ok, planned.plan.cases, device=planned.ctx.device.name, n=n,
+                          allow_unsandboxed=allow_unsandboxed, case_timeout=planned.case_timeout)
 
 
 def _suite(suite, cases, op: str, *, name, timing, check, integrity) -> Suite:

@@ -163,6 +163,13 @@ class Record:
         return self.metric("flops")
 
     @property
+    def repro(self) -> str | None:
+        """The command that measures this one (case, backend) again (``kbench run SUITE -b BACKEND -k CASE_ID``),
+        or None: a record of a suite made in code, of a callable, or of a file written before records had it."""
+        value = self.extra.get("repro")
+        return value if isinstance(value, str) else None
+
+    @property
     def rel_l2(self) -> float | None:
         """Relative L2 error against the float64 reference (the worst seed)."""
         return (self.correctness or {}).get("rel_l2")
@@ -206,6 +213,40 @@ class Record:
     def with_samples(self, samples: Iterable[float]) -> Record:
         """A copy whose timing has these samples (pooled runs); the other timing fields are kept."""
         return self.replace(timing={**(self.timing or {}), "samples": list(samples)})
+
+
+def repro_command(*, suite: str | None, backend: str, case_id: str, device: str, kernel_file: bool = False,
+                  trusted_file: bool = False) -> str | None:
+    """The one line that measures one (case, backend) again, as FlashInfer's benchmark rows carry their
+    ``repro_command``: ``kbench run SUITE -b BACKEND -k CASE_ID --device DEVICE``. ``backend`` is a registered
+    name (with its settings, ``numpy-flash[block_q=64]``) or, with ``kernel_file``, the kernel file's path. None
+    when no command line can: the suite was made in code (no file), or the backend is an object of a Python
+    program (a callable given to ``measure``)."""
+    import shlex
+
+    if not suite or not backend or backend.startswith("fn:"):
+        return None
+    line = f"kbench run {shlex.quote(str(suite))} -b {shlex.quote(backend)} -k {shlex.quote(case_id)}"
+    if trusted_file and kernel_file:
+        line += " --trust-kernel-files"
+    return line + f" --device {shlex.quote(device)}"
+
+
+def run_repro(request: Any, backend: Any, case_id: str, device: str) -> str | None:
+    """:func:`repro_command` of a record of a ``kbench run`` request (a :class:`kbench.run.runner.RunRequest`)."""
+    from pathlib import Path
+
+    source = getattr(backend, "source_path", None)
+    is_file = bool(source) and any(Path(f) == Path(source) for f in request.kernel_files)
+    return repro_command(suite=request.suite.path, backend=source if is_file else backend.name, case_id=case_id,
+                         device=device, kernel_file=is_file, trusted_file=request.trust_kernel_files)
+
+
+def repro_lines(records: Iterable[Record]) -> str:
+    """``kbench show --repro``: one line per record, ``backend @ case id (status): command``."""
+    return "\n".join(f"{r.backend} @ {r.case_id} ({r.status}): "
+                     + (r.repro or "no command line (a suite made in code, a callable, or an older file)")
+                     for r in records)
 
 
 def records_of(data: Mapping[str, Any], *, file: str | None = None) -> list[Record]:

@@ -12,7 +12,8 @@ from kbench.tables import FORMATS, min_samples_of, records_table, status_summary
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 @click.option("--profile", "profile", is_flag=True, help="Also the Nsight Compute profile of each record "
                                                           "(`kbench run --profile ncu`).")
-def show_command(result, fmt, keyword, profile):
+@click.option("--repro", "repro", is_flag=True, help="Also the command that measures each record again.")
+def show_command(result, fmt, keyword, profile, repro):
     """Print the records of RESULT (a result JSON file).
 
     Columns: n is the number of timed samples ("2 <5": fewer than the suite's min_samples, the time limit
@@ -40,3 +41,7 @@ def show_command(result, fmt, keyword, profile):
         from kbench.profiling import profile_table
 
         click.echo(f"\nProfiles (Nsight Compute, outside the timed samples):\n{profile_table(records, fmt)}")
+    if repro:
+        from kbench.record import repro_lines
+
+        click.echo("\nRepro (one command per record):\n" + repro_lines(records))

@@ -38,6 +38,8 @@ class Fitness:
     backend: str | None = None
     baseline: str | None = None
     result_file: str | None = None
+    #: the held-out shapes' verdict (``checked``, ``seconds``, ``passed``, ``reason``); None when not checked
+    held_out: dict[str, Any] | None = None
 
     @property
     def passed_cases(self) -> int:
@@ -53,6 +55,8 @@ class Fitness:
                "geomean_tflops": geomean_or_zero(tflops) if self.correct else 0.0}
         if self.baseline is not None:
             out["speedup"] = float(self.score)
+        if self.held_out is not None:
+            out["held_out_passed"] = 1.0 if self.held_out.get("passed") else 0.0
         return out
 
     def feedback(self) -> str:
@@ -68,7 +72,7 @@ class Fitness:
     def to_json(self) -> dict[str, Any]:
         return {"score": self.score, "correct": self.correct, "score_kind": self.score_kind,
                 "backend": self.backend, "baseline": self.baseline, "failures": dict(self.failures),
-                "cases": dict(self.cases), "result_file": self.result_file}
+                "cases": dict(self.cases), "result_file": self.result_file, "held_out": self.held_out}
 
 
 def _case_line(c: Mapping[str, Any]) -> str:
@@ -82,7 +86,8 @@ def _case_line(c: Mapping[str, Any]) -> str:
 def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any = None,
                  device: str | None = None, keyword: str | None = None, timing: Mapping[str, Any] | None = None,
                  results_dir: str | os.PathLike | None = None, allow_unsandboxed: bool = False,
-                 case_timeout: float | None = None, pm=None) -> Fitness:
+                 case_timeout: float | None = None, held_out: int | None = None, show_held_out: bool = False,
+                 pm=None) -> Fitness:
     """Measure the kernel file ``program_path`` on ``suite`` (a path, a suite dict or a Suite) as an untrusted
     backend; with ``baseline`` (a registered backend name, or any other target :func:`kbench.api.measure` takes)
     that one is measured in the same run, case by case,
@@ -94,6 +99,11 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
     (``<dir>/<machine>/<suite>-<time>.json``). ``device``: default the device of the file's ``SUBSTRATE``
     (a NumPy kernel is measured on the CPU even where a GPU is present). Raises :class:`EnvironmentFailure`
     when the harness, not the kernel, failed (records of ``cause: infrastructure``, or the baseline not passing).
+
+    Held-out shapes (docs/fuzz.md): a candidate that passed every case is also checked, for correctness only,
+    on ``held_out`` shapes near the suite's (default :data:`kbench.fuzz.heldout.HELD_OUT_CASES`; 0 turns it
+    off) drawn from a secret of this call's, never written anywhere; wrong on one, it scores 0 with the reason
+    under ``failures["(held-out)"]``, the shape hidden unless ``show_held_out``.
     """
     from kbench.api import KernelFileRef, get_plugin_manager
     from kbench.measurement import geomean_or_zero, measure
@@ -105,7 +115,8 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
         if device is None:  # the file's text only: the candidate is never imported here
             device = KernelFileRef(path, pm.registry).device
         m = measure(path, suite=suite, baseline=baseline, device=device, keyword=keyword, timing=timing,
-                    output=results_dir, allow_unsandboxed=allow_unsandboxed, case_timeout=case_timeout, pm=pm)
+                    output=results_dir, allow_unsandboxed=allow_unsandboxed, case_timeout=case_timeout,
+                    held_out=held_out, show_held_out=show_held_out, pm=pm)
     except BadInput as exc:
         if exc.file is not None and Path(exc.file) == Path(path):  # the candidate's own fault: it scores 0
             label = _label(baseline)
@@ -135,6 +146,13 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
                 cell["rel_l2"] = r.rel_l2
         cases[r.case_id] = cell
     correct = bool(cases) and not failures
+    held = m.held_out.get(name)  # checked by measure() when every case passed
+    if correct and held is not None:
+        if held.infrastructure:
+            raise EnvironmentFailure(f"the harness could not check the held-out shapes: {held.infrastructure}")
+        if not held.passed:
+            failures["(held-out)"] = held.reason(show_held_out)
+            correct = False
     if not correct:
         score = 0.0
     elif baseline is not None:
@@ -142,7 +160,8 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
     else:
         score = geomean_or_zero(c.get("tflops") for c in cases.values())
     return Fitness(score, correct, failures, cases, _kind(m.baseline), name, m.baseline,
-                   str(m.result_file) if m.result_file else None)
+                   str(m.result_file) if m.result_file else None,
+                   held.to_json(show_held_out) if held is not None else None)
 
 
 def _load_suite(suite: Any):

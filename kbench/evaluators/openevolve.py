@@ -8,7 +8,8 @@ path of a temporary file holding the candidate program. Write that file as::
 
 or give this module's own file to ``openevolve-run`` with the settings in the environment
 (``KBENCH_EVAL_SUITE``, ``KBENCH_EVAL_BASELINE``, ``KBENCH_EVAL_DEVICE``, ``KBENCH_EVAL_KEYWORD``,
-``KBENCH_EVAL_RESULTS``). The metrics are numbers (``combined_score``, ``correct``, ``cases_passed``,
+``KBENCH_EVAL_RESULTS``, ``KBENCH_EVAL_HELD_OUT``: held-out shapes per candidate, 0 for none,
+``KBENCH_EVAL_SHOW_HELD_OUT=1``: name a failing held-out shape in the feedback). The metrics are numbers (``combined_score``, ``correct``, ``cases_passed``,
 ``cases``, ``geomean_tflops``, ``speedup`` with a baseline); the artifacts, which OpenEvolve puts in the next
 prompt, say why each failing case failed and what each passing case reached (examples/openevolve/).
 """
@@ -23,7 +24,8 @@ from kbench.evaluators import Fitness, score_kernel
 
 #: the environment variables :func:`evaluate` reads (this module used directly as an evaluation file)
 ENV = {"suite": "KBENCH_EVAL_SUITE", "baseline": "KBENCH_EVAL_BASELINE", "device": "KBENCH_EVAL_DEVICE",
-       "keyword": "KBENCH_EVAL_KEYWORD", "results_dir": "KBENCH_EVAL_RESULTS"}
+       "keyword": "KBENCH_EVAL_KEYWORD", "results_dir": "KBENCH_EVAL_RESULTS", "held_out": "KBENCH_EVAL_HELD_OUT",
+       "show_held_out": "KBENCH_EVAL_SHOW_HELD_OUT"}
 
 
 class OpenEvolveEvaluator:
@@ -64,6 +66,14 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> OpenEvolveEvalu
         raise BadInput(f"{ENV['suite']} is not set", where="environment",
                        fix=f"export {ENV['suite']}=path/to/suite.yaml (and optionally {ENV['baseline']}=numpy-flash)")
     suite = values.pop("suite")
+    if values["held_out"] is not None:
+        try:
+            values["held_out"] = int(values["held_out"])
+        except ValueError:
+            raise BadInput(f"{ENV['held_out']}={values['held_out']!r} is not a whole number", where="environment",
+                           fix=f"export {ENV['held_out']}=3 (held-out shapes per candidate; 0 for none)") from None
+    if values["show_held_out"] is not None:
+        values["show_held_out"] = values["show_held_out"].strip().lower() in ("1", "true", "yes")
     return OpenEvolveEvaluator(suite, **{k: v for k, v in values.items() if v is not None})
 
 

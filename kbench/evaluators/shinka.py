@@ -56,6 +56,10 @@ def parser(default_suite: str | None = None, default_baseline: str | None = None
     ap.add_argument("--keep_results", default=None, metavar="DIR", help="keep kbench's result files under DIR")
     ap.add_argument("--allow_unsandboxed", action="store_true",
                     help="where the OS sandbox does not work, run the candidate without it (docs/sandbox.md)")
+    ap.add_argument("--held_out", type=int, default=None, metavar="N",
+                    help="held-out shapes near the suite's checked per candidate (default 3; 0 for none; docs/fuzz.md)")
+    ap.add_argument("--show_held_out", action="store_true",
+                    help="name a failing held-out shape in the feedback (hidden by default)")
     return ap
 
 
@@ -65,7 +69,8 @@ def main(argv: Sequence[str] | None = None, *, default_suite: str | None = None,
     try:
         fit = score_kernel(args.program_path, suite=args.suite, baseline=args.baseline, device=args.device,
                            keyword=args.keyword, results_dir=args.keep_results,
-                           allow_unsandboxed=args.allow_unsandboxed)
+                           allow_unsandboxed=args.allow_unsandboxed, held_out=args.held_out,
+                           show_held_out=args.show_held_out)
     except EnvironmentFailure as exc:
         write_results(args.results_dir, {"combined_score": 0.0, "public": {}, "private": {},
                                          "text_feedback": f"kbench could not measure: {exc.message}"},

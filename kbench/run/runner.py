@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Protocol
 from kbench import __version__
 from kbench.backends import Backend
 from kbench.enums import Status
-from kbench.record import Record
+from kbench.record import Record, run_repro
 from kbench.errors import BadInput, OutputError
 from kbench.judge.context import RunContext, new_record
 from kbench.judge.policy import IntegritySettings
@@ -368,6 +368,7 @@ def _secret_record(writer: ResultWriter, planned: PlannedRun) -> dict[str, Any]:
 
 def _append(writer: ResultWriter, record: dict[str, Any], backend: Backend, case: Case, planned: PlannedRun) -> None:
     """Append a record; one a plugin made invalid becomes an error record instead of ending the run."""
+    record.setdefault("repro", run_repro(planned.request, backend, case.id, planned.ctx.device.name))
     try:
         writer.append(record)
     except OutputError:

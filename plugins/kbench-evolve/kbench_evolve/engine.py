@@ -412,12 +412,22 @@ class VariationContext:
         dj = decision.to_json()
         if not decision.commit:
             return fail(decision.reason, decision=dj, scores=decision.candidate.zeroed() if decision.candidate else {})
+        try:  # the commit rule's last part: right on shapes held out from the suite too (docs/fuzz.md)
+            held = self.evaluator.held_out_check(path)
+        except EnvironmentFailure as exc:
+            self._environment_failed(base, exc)
+            raise
+        if held is not None and not held.passed:
+            return fail(f"incorrect: {held.reason(self.evaluator.show_held_out)}", decision=dj,
+                        held_out=held.to_json(self.evaluator.show_held_out))
         cand = decision.candidate
         meta = {"operator": self.operator, "parent": champion.number, "rationale": rationale, "sha": sha,
                 "suite": self.lineage.current_suite_record(),
                 "suite_origin": champion.meta.get("suite_origin"), "scores": cand.zeroed(), "geomean": cand.geomean,
                 "profile": cand.profile, "champion_remeasured": decision.champion.geomean,
                 "decision": dj, "result_files": sorted({m.result_file for m in (screen, cand) if m.result_file}), "created": now_iso(), **(extra or {})}
+        if held is not None:
+            meta["held_out"] = held.to_json()  # how many held-out shapes it was right on, never which
         with self.shared.lock:
             version = self.lineage.commit(source, meta)
             self.spent.commits += 1

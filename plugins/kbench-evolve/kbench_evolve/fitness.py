@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -199,7 +202,8 @@ class Evaluator:
     def __init__(self, pm, suite: str | Path | Suite, runs_dir: Path, *, device: str = "auto",
                  min_gain: float = 0.0, rounds: int = 2, on_run=None, infra_retries: int = 2,
                  infra_backoff: float = 5.0, infra_backoff_cap: float = 120.0, screen_ratio: float = SCREEN_RATIO,
-                 sleep=time.sleep, screen_executor: dict[str, Any] | None = None, profile: str | None = None) -> None:
+                 sleep=time.sleep, screen_executor: dict[str, Any] | None = None, profile: str | None = None,
+                 held_out: int | None = None, show_held_out: bool = False) -> None:
         self.pm = pm
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         self.runs_dir = Path(runs_dir)
@@ -218,6 +222,13 @@ class Evaluator:
         #: a profiler (``"ncu"``) for the screening and benchmark runs, whose figures reach the operators' brief;
         #: never for checks and duels (a profile is a run of its own per record, and duels only decide)
         self.profile = profile
+        from kbench.fuzz.heldout import HELD_OUT_CASES
+
+        #: held-out shapes a candidate must also be right on before it is committed (docs/fuzz.md): drawn for
+        #: each candidate from this run's secret (never written: not in the lineage, not in a result file)
+        self.held_out = HELD_OUT_CASES if held_out is None else held_out
+        self.show_held_out = show_held_out
+        self._held_out_secret = secrets.token_bytes(32)
 
     def _suite(self, check_only: bool) -> Suite:
         if not check_only:
@@ -307,6 +318,25 @@ class Evaluator:
         case, why = next(iter(broken.items()))
         raise EnvironmentFailure(f"the harness could not measure ({len(broken)} cases, {self.infra_retries + 1} "
                                  f"tries): {case}: {why[:300]}")
+
+    def held_out_check(self, kernel: str | Path):
+        """The candidate ``kernel`` on :attr:`held_out` shapes near the suite's cases, for correctness only
+        (kbench.fuzz.heldout): a :class:`~kbench.fuzz.heldout.HeldOut`, or None when the setting is 0. The shapes
+        are drawn for this candidate (its source) from the run's secret. Raises :class:`EnvironmentFailure` when
+        the harness could not check."""
+        if self.held_out <= 0:
+            return None
+        from kbench.api import KernelFileRef, pick_device
+        from kbench.fuzz.heldout import check_held_out
+
+        ref = KernelFileRef(kernel, self.pm.registry)
+        device = pick_device(self.pm, self.device)
+        cases = self.suite.plan(device, self.pm.registry.op(self.suite.op)).cases
+        secret = hmac.new(self._held_out_secret, ref.source_text.encode(), hashlib.sha256).digest()
+        verdict = check_held_out(self.pm, [ref], cases, device=device, n=self.held_out, secret=secret)[ref.name]
+        if verdict.infrastructure:
+            raise EnvironmentFailure(f"the held-out shapes could not be checked: {verdict.infrastructure}")
+        return verdict
 
     def measure(self, kernel: str | Path, *, label: str, keyword: str | None = None,
                 check_only: bool = False) -> Measurement:

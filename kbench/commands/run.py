@@ -118,6 +118,10 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                f"{len(planned.plan.cases)} cases x {len(planned.backends)} backends = {len(work)} records"
                + (f", {left} left to run" if resume is not None else "")
                + f" -> {planned.output}", err=True)
+    missing = missing_plugins()
+    if missing and resume is None:
+        click.echo(f"kbench: not installed here (the light install): {'; '.join(missing)}; their backends are not in "
+                   "this run (pip install -e plugins/NAME, or pip install -r requirements.txt for all)", err=True)
     show_bar = sys.stderr.isatty() if progress is None else progress
     # a log (`> log`, CI, nohup) gets a line per finished record while the run goes on: stdout before the table
     # (--format table), stderr with --progress (CSV or JSON on stdout stays clean)
@@ -150,6 +154,26 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         raise BadInput(unmeasured_note(writer.records) or str(writer.data["interrupted"]), file=str(planned.output),
                        fix=f"fix the environment as the records' reasons say, then: kbench run --resume {planned.output}")
     sys.exit(exit_code(writer.records))
+
+
+#: the first-party plugins (plugins/), what each adds to a run, and its heavy library (README "Set-up")
+FIRST_PARTY = (("kbench-torch", "torch SDPA, decode and varlen backends; torch"),
+               ("kbench-triton", "our Triton kernels; triton"),
+               ("kbench-cuda", "the cuda device and the cupy backend; cupy"),
+               ("kbench-ray", "the ray executor; ray"))
+
+
+def missing_plugins() -> list[str]:
+    """The first-party plugins that are not installed, each with what it would add."""
+    import importlib.metadata as md
+
+    missing = []
+    for name, adds in FIRST_PARTY:
+        try:
+            md.version(name)
+        except md.PackageNotFoundError:
+            missing.append(f"{name} ({adds})")
+    return missing
 
 
 def _executor_settings(opts) -> dict[str, str]:

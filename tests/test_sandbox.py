@@ -124,7 +124,8 @@ def test_filesystem_is_read_only_except_the_scratch_dir(tmp_path):
             "kbench": os.path.exists({str(ROOT / "kbench" / "run" / "sandbox.py")!r}),
         }}))
     ''', scratch))
-    assert out["checkout"] == out["results"] == "Read-only file system"
+    assert out["checkout"] == "Read-only file system"  # the checkout's folder is a bare mount point: read-only, empty
+    assert out["results"] == "No such file or directory"  # only the packages' folders are bound, not results/
     assert out["tmp"] == "written" and not host_tmp.exists()  # the sandbox's /tmp is its own
     assert out["scratch"] == "written" and not (scratch / "ok.txt").exists()  # so is its scratch directory
     assert out["kbench"] is True and out["shadow"] is False

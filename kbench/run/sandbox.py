@@ -41,9 +41,16 @@ ENV_ALLOW: tuple[str, ...] = (
     "KBENCH_PLUGINS", "KBENCH_DISABLE_PLUGINS", "KBENCH_CUDA_DEVICE", "KBENCH_TORCH_THREADS",
 )
 
+#: names that look like credentials (fnmatch on the upper-cased name): the one list every worker's environment
+#: is filtered by (sandboxed ones: dropped even from allowed prefixes; trusted ones: dropped from the parent's
+#: environment, ``kbench.run.pool.is_secret``), and whose values the evolve plugin redacts from text sent to a model
+SECRET_NAMES: tuple[str, ...] = ("*TOKEN*", "*SECRET*", "*PASS*", "*KEY*", "*CREDENTIAL*", "*CRED*", "*AUTH*",
+                                 "*PWD*", "*PRIVATE*", "*PASSPHRASE*", "*COOKIE*", "*SESSION*", "*SIGNATURE*",
+                                 "*_DSN", "*DATABASE_URL*", "*NETRC*", "*KUBECONFIG*", "DOCKER_*")
+
 #: allowed names that still never pass: paths pointing outside the sandbox, or credentials by another name
 ENV_DENY: tuple[str, ...] = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
-                             "CUPY_CACHE_DIR", "*TOKEN*", "*SECRET*", "*PASS*", "*KEY*", "*CREDENTIAL*", "*AUTH*")
+                             "CUPY_CACHE_DIR", *SECRET_NAMES)
 
 #: files of /etc the interpreter and the C toolchain read (never the whole of /etc: /etc/shadow, keys...)
 ETC_FILES: tuple[str, ...] = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "passwd",
@@ -155,11 +162,18 @@ def credential_value(value: str) -> bool:
     return bool(_URL_WITH_PASSWORD.search(value))
 
 
+def is_secret(name: str, value: str = "") -> bool:
+    """A variable that looks like a credential, by its name (:data:`SECRET_NAMES`) or its value (a URL with a
+    password): never handed to any worker, and its value never sent to a model."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_NAMES) or credential_value(value)
+
+
 def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
     """The allow-listed part of ``base``, plus the worker's import path and a scratch home and temp dir."""
     def allowed(name: str, value: str) -> bool:
         return (any(fnmatch.fnmatchcase(name, p) for p in ENV_ALLOW)
-                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY) and not credential_value(value))
+                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY) and not is_secret(name, value))
 
     env = {k: v for k, v in base.items() if allowed(k, v)}
     env.setdefault("PATH", os.defpath)
@@ -172,22 +186,55 @@ def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]
     return env
 
 
-def readable_roots() -> list[str]:
-    """Directories the worker's interpreter and packages live in (the project checkout included)."""
+def _interpreter_roots() -> set[str]:
+    """The interpreter's own directories: its prefixes (a virtual environment's and its base's)."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parent.parent)}
-    roots.update(p for p in sys.path if p and os.path.isdir(p))
-    for module in list(sys.modules.values()):  # editable installs: packages found by path hooks, not sys.path
+    return {os.path.realpath(r) for r in roots if r and os.path.isdir(r)}
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _package_dirs() -> Iterable[str]:
+    """Where each loaded top-level package lives: the package folder itself (``.../kbench``), a namespace
+    package's folders, or a single-file module's file -- never the folder above (an editable install's
+    checkout, the current directory of ``python -m`` or of a script)."""
+    for name, module in list(sys.modules.items()):
+        if "." in name or name == "__main__" or module is None:
+            continue
         path = getattr(module, "__file__", None)
-        if path and "." not in module.__name__ and module.__name__ != "__main__":
-            roots.add(str(Path(path).resolve().parent.parent) if path.endswith("__init__.py")
-                      else str(Path(path).resolve().parent))
-    roots = {os.path.realpath(r) for r in roots if r and os.path.exists(r)}
-    # never a whole home directory (a script run from ~ puts ~ on sys.path) nor a system root
+        if path:
+            yield str(Path(path).resolve().parent) if Path(path).name.startswith("__init__.") else str(Path(path).resolve())
+            continue
+        for entry in list(getattr(module, "__path__", None) or ()):  # a namespace package: its folders
+            if isinstance(entry, str) and os.path.isdir(entry):
+                yield entry
+
+
+def readable_roots() -> list[str]:
+    """What a sandboxed worker may read besides the system directories: the interpreter's prefixes (the
+    standard library and site-packages), the ``site-packages`` folders on ``sys.path``, and the folder (or file)
+    of every top-level package loaded here (kbench, the plugins, editable installs: found through path hooks,
+    not ``sys.path``). Never the current directory, a checkout, or the folder above a package: a ``.env``, a
+    ``.git``, ``results/`` or a lineage's ``state.json`` beside the packages stays out of reach."""
+    interp = _interpreter_roots()
+    roots = set(interp)
+    for entry in sys.path:  # the site folders of a virtual environment or a user install; no other sys.path entry
+        if entry and os.path.isdir(entry) and Path(entry).name in ("site-packages", "dist-packages"):
+            roots.add(os.path.realpath(entry))
+    site_dirs = set(roots)
+    for path in _package_dirs():
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not _under(real, site_dirs):
+            roots.add(real)
+    # never a whole home directory nor a system root, whatever put it here
     home = os.path.realpath(os.path.expanduser("~"))
-    roots = {r for r in roots if r not in ("/", "/tmp", "/root", "/home", "/dev", "/proc", "/sys", "/etc", home)}
+    never = {"/", "/tmp", "/root", "/home", "/dev", "/proc", "/sys", "/etc", "/usr", home}
+    roots = {r for r in roots if r not in never or r in interp}
     kept: list[str] = []
     for root in sorted(roots):  # a parent first: its children are already visible
-        if not any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):
+        if not _under(root, kept):
             kept.append(root)
     return kept
 
@@ -215,7 +262,9 @@ def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, binds: Iter
         cmd += ["--ro-bind", root, root]
     cmd += list(binds)
     cmd += [*sized, "--tmpfs", scratch] if sized else ["--bind", scratch, scratch]
-    cmd += ["--chdir", scratch, "--"]
+    # the sandbox's root is bwrap's own tmpfs, holding the mount points made above (e.g. the folders above a bound
+    # package): read-only, so the only writable places are the bounded ones
+    cmd += ["--remount-ro", "/", "--chdir", scratch, "--"]
     return cmd + list(argv)
 
 

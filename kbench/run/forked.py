@@ -9,7 +9,8 @@ So it runs in a child made by ``fork()``, which inherits the callable as it is, 
   plus what one worker may map, :meth:`kbench.run.pool.WorkerPool.memory_limit`): a huge allocation is a
   ``MemoryError`` in the child, an ``error`` record here;
 - a process group of its own, killed whole (the callable's own subprocesses too) when the record's case
-  timeout plus :data:`GRACE` seconds has passed: a ``timeout`` record;
+  timeout plus :data:`GRACE` seconds has passed: a ``timeout`` record; and death with its parent
+  (``PR_SET_PDEATHSIG``): a ``kill -9`` of the caller leaves no hung callable behind;
 - SIGINT ignored and SIGTERM at its default: Ctrl-C reaches the parent, which kills the child;
 - ``os._exit`` as its only way out: neither ``sys.exit`` nor an exception ever runs the parent's code
   (pytest's, a notebook's) in the child; a child that dies without a record is a ``crashed`` record.
@@ -36,7 +37,7 @@ from kbench.ops import Case
 
 #: seconds after the case timeout before the child is killed (the judge in the child stops sampling before
 #: the case timeout; this covers its last batch and the record's way back)
-GRACE = 2.0
+GRACE = 1.0
 
 
 def forkable(ctx: RunContext) -> bool:
@@ -60,6 +61,7 @@ def execute_forked(ctx: RunContext, backend, case: Case, *, timeout: float,
     from kbench.run.pool import execute_in_process
 
     cap = address_space() + memory_limit if memory_limit else None
+    parent = os.getpid()
     read_end, write_end = os.pipe()
     for stream in (sys.stdout, sys.stderr):  # what the parent buffered is written once, by the parent
         try:
@@ -74,6 +76,7 @@ def execute_forked(ctx: RunContext, backend, case: Case, *, timeout: float,
         try:
             os.close(read_end)
             os.setpgid(0, 0)
+            _die_with(parent)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if cap:
@@ -143,6 +146,19 @@ def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
         if not chunk:
             return b"".join(chunks), False
         chunks.append(chunk)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this child when its parent dies (Linux ``PR_SET_PDEATHSIG``): a parent killed with -9 leaves no
+    hung callable behind holding the result file's lock."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(70)
 
 
 def _kill(pid: int) -> None:

@@ -39,8 +39,10 @@ VECTORISED = '''def attention(q, k, v, out, *, causal, scale):
     s = (qh @ kh) * np.float32(scale)
     if causal:
         s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    out[...] = ((p / p.sum(-1, keepdims=True)) @ vh).transpose(0, 2, 1, 3)'''
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))  # a causal row that sees no key (sq > sk) is 0, not NaN
+    l = p.sum(-1, keepdims=True)
+    out[...] = ((p / np.where(l == 0, 1, l)) @ vh).transpose(0, 2, 1, 3)'''
 WRONG = VECTORISED.replace("# candidate: every head and row at once", "# candidate: no scale").replace(
     " * np.float32(scale)", "")
 CACHING = '''_RESULTS = {}

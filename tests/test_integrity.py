@@ -112,7 +112,13 @@ def test_thread_per_call_is_caught(kbench_case, kbench_check, fake_backend):
     assert rec["status"] == "failed" and "threads still running" in rec["reason"]
 
 
-def test_wrong_only_when_timed_is_caught(kbench_case, kbench_check, fake_backend):
+def test_wrong_only_when_timed_is_caught(kbench_pm, kbench_case, fake_backend):
+    from kbench.judge.context import RunContext
+    from kbench.judge.judge import judge
+    from kbench.run.pool import LocalChannel
+    from kbench.testing import TEST_CHECK, TEST_TIMING
+    from kbench.worker.calls import CallRunner
+
     seen = set()
 
     def sly(q, k, v, out, case):  # right on a buffer's first call (the checked calls), garbage afterwards
@@ -121,7 +127,12 @@ def test_wrong_only_when_timed_is_caught(kbench_case, kbench_check, fake_backend
             honest(q, k, v, out, case)
         else:
             out[...] = 0.5
-    rec = kbench_check(fake_backend(sly), kbench_case())
+    # as an untrusted kernel: its warm-up covers every slot, and a call of every timed batch is verified
+    ctx = RunContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"),
+                     check=TEST_CHECK, timing=TEST_TIMING)
+    backend = fake_backend(sly)
+    rec = judge(ctx, LocalChannel(CallRunner(ctx.device, ctx.op), backend), backend.name, kbench_case(),
+                trusted=False)
     # the same call run again untimed, in buffers it never saw, is right: an integrity failure, said so
     assert rec["status"] == "failed" and "timed output wrong although the checked calls were right" in rec["reason"]
 

@@ -43,6 +43,8 @@ MAX_POOL = 64
 TARGET_BATCH_SECONDS = 0.02
 #: the slot a failed timed call is run again in, as a checked call: buffers the kernel has never seen
 RECHECK_SLOT = 2 * MAX_POOL
+#: an untrusted kernel's batch size changes when the parent's clock asks for this factor more or fewer calls
+RESIZE_RATIO = 1.5
 #: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
 TIMED_ROWS = 32
 #: sampling goes on past ``max_time`` to reach ``min_samples``, up to this many times ``max_time`` (and never
@@ -76,6 +78,7 @@ class Judge:
         self.threads: tuple[int | None, int | None] = (None, None)
         self.phases: dict[str, float] = {}
         self.checked: list[tuple[tuple[int, int], dict[str, np.ndarray]]] = []   # correctness calls' outputs
+        self.check_wall = 0.0
         self.ended = False
 
     # -- the channel ---------------------------------------------------------------------------
@@ -223,7 +226,8 @@ class Judge:
         keys = [self.source.key("check", i) for i in range(ctx.check.seeds)]
         calls = [[slot, key] for slot, key in enumerate(keys)]
         since = time.perf_counter()
-        durations, _, _ = self._batch("check", calls)
+        durations, wall, _ = self._batch("check", calls)
+        self.check_wall = wall / max(len(calls), 1)   # the parent's time per call: untrusted batches are sized by it
         outputs = self._collect(list(range(len(keys))))
         self.checked = list(zip(keys, outputs))
         since = self._phase("correctness calls", since)
@@ -251,17 +255,35 @@ class Judge:
         return record
 
     def _calls_per_batch(self, guess: float) -> int:
+        """Calls per batch for a call of about ``guess`` seconds: enough that a batch lasts
+        TARGET_BATCH_SECONDS (the round trip and the batch's other fixed costs a few percent of it), within the
+        pool's memory and MAX_POOL. An untrusted kernel's guess is the parent's own clock (its time per call of
+        the correctness batch, then of each timed batch), never a figure its worker reported: a kernel slow only
+        in its correctness calls does not get one-call batches (each with its round trip in the allowance)."""
         if self.split and not self.trusted:
             return 1  # a split call's saved state exists before its sample: one call per batch (docs/integrity.md)
         budget = max(1, int(getattr(self.ctx.device, "pool_memory", 256 * 2**20) // max(self.source.slot_bytes(), 1)))
-        return int(max(1, min(MAX_POOL, budget, math.ceil(TARGET_BATCH_SECONDS / guess))))
+        return int(max(1, min(MAX_POOL, budget, math.ceil(TARGET_BATCH_SECONDS / max(guess, 1e-7)))))
+
+    def _resize(self, per_batch: int, calls: int, wall: float) -> int:
+        """An untrusted kernel's batch size again from the parent's time of its last timed batch (``calls`` calls
+        in ``wall`` s); a new size gets its own empty-loop measurement before it is timed."""
+        if self.trusted or self.split or calls <= 0:
+            return per_batch
+        new = self._calls_per_batch(wall / calls)
+        if per_batch / RESIZE_RATIO <= new <= per_batch * RESIZE_RATIO:
+            return per_batch
+        if self.accounting.enforce and not any(n == new for n, _ in self.accounting.empty):
+            self._empty(new)
+        return new
 
     def timing(self, check_seconds: list[float]) -> Timing:
         """Warm-up, then adaptive sampling in batches of back-to-back calls (module doc)."""
         from kbench.stats import rel_standard_error
 
         settings = self.ctx.timing
-        per_batch = self._calls_per_batch(max(min(check_seconds), 1e-7))
+        # trusted libraries: from their own samples (they do not forge); untrusted kernels: the parent's clock
+        per_batch = self._calls_per_batch(max(min(check_seconds), 1e-7) if self.trusted else self.check_wall)
         clock = time.perf_counter
         begin = clock()
         # the correctness calls came first and already warmed the kernel (compilation, autotuning, handles):
@@ -311,6 +333,7 @@ class Judge:
             if stop is not None:
                 reason = stop
                 break
+            per_batch = self._resize(per_batch, n, wall)
             # after the verification: an empty batch runs on the same slots and re-poisons their outputs
             if self.accounting.enforce and len(self.accounting.timed) % EMPTY_EVERY == 0:
                 since = clock()

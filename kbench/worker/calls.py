@@ -29,7 +29,7 @@ import numpy as np
 from kbench.backends import missing_feature
 from kbench.protocol import Layout
 from kbench.unsupported import Unsupported
-from kbench.worker.watches import Fault, OpWatch, ThreadLeak, ThreadWatch
+from kbench.worker.watches import CLOCK, Fault, OpWatch, ThreadLeak, ThreadWatch
 
 #: characters of a traceback kept in an error reply
 TRACEBACK_CHARS = 6000
@@ -68,6 +68,7 @@ class CallRunner:
         self.watch = ThreadWatch(check_threads)
         self.forbidden_ops: tuple[str, ...] = ()
         self.backward_inputs: tuple[str, ...] = ()
+        CLOCK.bind(type(device.sample_clock(1)))  # the worker's start: no candidate code has run yet
 
     # -- job -----------------------------------------------------------------------------------
 
@@ -203,7 +204,9 @@ class CallRunner:
         numbers = [int(n) for n, _ in calls]
         collecting = gc.isenabled()
         gc.disable()  # no collector (and so no finalizer of candidate objects) runs between samples
+        ref = CLOCK   # the timers captured at the worker's start: every clock read below is checked against them
         try:
+            _clock_intact(ref, kind, "its start")
             begin = time.perf_counter_ns()
             for i, (number, key) in enumerate(calls):
                 slot = self._slot(numbers[i])
@@ -214,15 +217,22 @@ class CallRunner:
                 call = dev.prepare_call(_nothing if empty else self._call(slot))
                 dev.before_sample()
                 before = self.watch.before()
+                if not ref.intact():
+                    _clock_intact(ref, kind, f"call {i + 1} started")
                 clock.start(i)
                 result = watch.run(call) if watch is not None else call()
+                if not ref.intact():  # before the read that ends the sample: a self-restoring swap is seen here
+                    _clock_intact(ref, kind, f"call {i + 1} returned")
                 clock.stop(i)
                 self.watch.after(before)
-                slot.answer = {} if empty else self._answers(result, slot)
+                # an empty call's "answer" is its poisoned buffers: shadowed, compared and scanned like a kernel's,
+                # so the empty loop costs what a timed batch's harness work costs
+                slot.answer = dict(slot.outputs) if empty else self._answers(result, slot)
                 if scan:
                     for name, arr in slot.answer.items():
                         dev.copy_into(slot.shadows[name], arr)
             dev.synchronize()
+            _clock_intact(ref, kind, "its end")
             reply["window"] = [begin, time.perf_counter_ns()]
             reply["samples"] = clock.seconds()
             reply["stamps"] = clock.stamps() if clock.host else None
@@ -358,6 +368,16 @@ class CallRunner:
         except Exception as exc:  # noqa: BLE001 - a failing kernel is a record, never the end of a run
             text = "".join(traceback.format_exception(exc)[-6:])
             return "error", {"reason": f"{type(exc).__name__}: {exc}"[:2000], "traceback": text[-TRACEBACK_CHARS:]}
+
+
+def _clock_intact(ref, kind: str, when: str) -> None:
+    """Fault unless the process's timers are the ones captured at the worker's start (kbench.worker.watches):
+    a replaced timer, even one that puts the original back later, makes no sample."""
+    changed = ref.replaced() or ([] if ref.intact() else ["the sample clock's timer"])
+    if changed:
+        raise Fault(f"harness tampering: {', '.join(changed)} replaced, seen before a clock read ({kind} batch, "
+                    f"{when}); the timers are the ones captured when the worker started, and a replaced one, even "
+                    f"one that restores itself, makes no sample")
 
 
 def _key(key: Any) -> tuple[int, int]:

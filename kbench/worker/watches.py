@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+import kbench.devices as _devices
+
 #: timer functions a kernel could patch to shorten its samples
 TIMER_NAMES = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
                "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep")
@@ -21,8 +23,55 @@ DEVICE_METHODS = ("time_call", "synchronize", "before_sample", "poisoned", "repo
                   "write", "generate", "sample_clock", "is_array", "copy", "copy_into", "same_content", "nonfinite",
                   "is_same_memory", "sustained")
 #: modules whose functions the worker's timed loop relies on
-HARNESS_MODULES = ("kbench.worker.calls", "kbench.worker.watches", "kbench.protocol", "kbench.ops.inputs",
-                   "kbench.devices")
+HARNESS_MODULES = ("kbench.worker.calls", "kbench.worker.watches", "kbench.worker.main", "kbench.protocol",
+                   "kbench.ops.inputs", "kbench.devices")
+
+
+class ClockReference:
+    """The process's timers as they were when this module loaded: at the worker's start, before any candidate
+    code (kbench.worker.main imports this module before it loads the plugins, and a job's kernel after both).
+
+    The sample clock reads ``time.perf_counter_ns`` through the ``time`` module that ``kbench.devices`` holds. A
+    replacement that gives itself back on the very read that ends a call (the original is in place again when
+    the harness snapshot looks, after the batch) is seen only if every read is checked, so the call runner asks
+    :meth:`intact` right before each of them (the batch's window, every call's start and stop marks): two
+    identity tests, about 0.1 us. Any replacement seen, even one restored later, faults the record; it is never
+    a sample. :meth:`replaced` names every timer that differs (checked around each batch, outside the samples).
+    """
+
+    def __init__(self) -> None:
+        self.module = time
+        self.devices = _devices
+        self.perf_counter_ns = time.perf_counter_ns
+        self.timers = {name: getattr(time, name, None) for name in TIMER_NAMES}
+        self.clock_class: type = _devices.SampleClock
+        self.marks = (_devices.SampleClock.start, _devices.SampleClock.stop)
+
+    def bind(self, clock_class: type) -> None:
+        """The device's sample clock class (its start/stop marks are what the harness reads): captured by the call
+        runner, made at the worker's start before any candidate code."""
+        self.clock_class = clock_class
+        self.marks = (clock_class.start, clock_class.stop)
+
+    def intact(self) -> bool:
+        cls = self.clock_class
+        return (self.devices.time is self.module and self.module.perf_counter_ns is self.perf_counter_ns
+                and cls.start is self.marks[0] and cls.stop is self.marks[1])
+
+    def replaced(self) -> list[str]:
+        out = [f"time.{name}" for name, fn in self.timers.items() if getattr(self.module, name, None) is not fn]
+        for name, fn in zip(("start", "stop"), self.marks):
+            if getattr(self.clock_class, name, None) is not fn:
+                out.append(f"{self.clock_class.__name__}.{name}")
+        if sys.modules.get("time") is not self.module:
+            out.append("sys.modules['time']")
+        if self.devices.time is not self.module:
+            out.append("kbench.devices.time")
+        return out
+
+
+#: captured once, at import (the worker's start); kbench.worker.calls reads through it
+CLOCK = ClockReference()
 
 
 class HarnessSnapshot:

@@ -59,6 +59,10 @@ DEFAULT = {
     "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
     # the arena is sealed: ftruncate fails with EPERM, the parent reads on, the probe answers honestly
     "arena_truncate": ("passed", None),
+    # issue 33: a self-restoring timer installed with setattr through a parameter, and one-call batches bought
+    # with slow correctness calls (refused statically by the policy; caught at run time below without it)
+    "timer_restore": ("failed", r"static check.*setattr|harness tampering: time.perf_counter_ns replaced"),
+    "slow_check_batches": ("failed", r"static check|samples do not add up"),
 }
 
 # the same exploits with static_checks: none -- what the checks at run time say
@@ -92,6 +96,10 @@ DYNAMIC = {
     "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
     # the arena is sealed: a shrink fails (EPERM), the parent reads on
     "arena_truncate": ("passed", None),
+    # issue 33: every clock read is checked against the timers captured at the worker's start
+    "timer_restore": ("failed", r"harness tampering: time.perf_counter_ns replaced, seen before a clock read"),
+    # issue 33: batches sized by the parent's clock, one floor per record: the shaved samples do not add up
+    "slow_check_batches": ("failed", r"harness tampering: kbench.worker.main.encode_reply replaced|samples do not add up"),
 }
 
 # class 10: with a loose tolerance, trivial answers pass the bound but not the trivial-predictor guard

@@ -1,0 +1,137 @@
+"""The clock a kernel cannot bend (issue 33, items 1 and 2): timers checked before every read against the ones
+captured at the worker's start, untrusted batches sized by the parent's clock, one allowance floor per record,
+and an empty loop whose cost no candidate code can raise."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from kbench.builtin.numpy_backends import attention_numpy
+from kbench.judge.accounting import ACCOUNTING_FLOOR, LOAD_FACTOR, Accounting
+from kbench.ops.attention import softmax_scale
+from kbench.testing import TEST_CHECK, TEST_TIMING, FunctionBackend
+from test_timed_loop import ShrinkingChannel
+
+
+def honest(q, k, v, out, case):
+    attention_numpy(q, k, v, out, causal=case["causal"], scale=softmax_scale(case))
+
+
+def _judge(pm, case, backend, *, trusted=False, channel=None, **timing):
+    from kbench.judge.context import RunContext
+    from kbench.judge.judge import judge
+    from kbench.run.pool import LocalChannel
+    from kbench.worker.calls import CallRunner
+
+    ctx = RunContext(op=pm.registry.op("attention"), device=pm.registry.device("cpu"), check=TEST_CHECK,
+                     timing=dataclasses.replace(TEST_TIMING, **timing))
+    channel = (channel or LocalChannel)(CallRunner(ctx.device, ctx.op), backend)
+    return judge(ctx, channel, backend.name, case, trusted=trusted)
+
+
+def _put(owner, name, value):  # setattr through a parameter: no module is named where it happens
+    setattr(owner, name, value)
+
+
+def self_restoring(q, k, v, out, case):
+    """Installs, at the end of each call, a perf_counter_ns that reports the call 70% short and puts the original
+    back on the read that ends the sample: after the batch, everything is as it was."""
+    real = time.perf_counter_ns
+    start = real()
+    honest(q, k, v, out, case)
+
+    def short():
+        _put(time, "perf_counter_ns", real)
+        return start + (real() - start) * 3 // 10
+    _put(time, "perf_counter_ns", short)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_self_restoring_timer_is_a_fault_never_a_sample(kbench_pm, kbench_case, trusted):
+    real = time.perf_counter_ns
+    try:
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(self_restoring), trusted=trusted)
+    finally:
+        time.perf_counter_ns = real
+    assert rec["status"] == "failed", rec["reason"]
+    assert "harness tampering: time.perf_counter_ns replaced, seen before a clock read" in rec["reason"]
+    assert "call 1 returned" in rec["reason"]   # the first call's stop mark: no sample was ever made with it
+
+
+def test_the_clock_reference_is_the_one_captured_at_import():
+    from kbench.worker.watches import CLOCK
+
+    assert CLOCK.intact() and CLOCK.replaced() == []
+    real = time.monotonic
+    time.monotonic = lambda: 0.0
+    try:
+        assert CLOCK.replaced() == ["time.monotonic"]
+    finally:
+        time.monotonic = real
+    assert CLOCK.replaced() == []
+
+
+class ForgingChannel(ShrinkingChannel):
+    """A worker whose timed samples come back 2 ms short (at most 70% of one): the lever of any forger (a timer
+    trick, a patched clock method) that is not caught by its own check, left to the accounting."""
+
+    def request(self, message, timeout):
+        kind, payload = self.inner.request(message, timeout)
+        if message[0] == "batch" and message[1]["kind"] == "timed" and kind == "batch":
+            payload["samples"] = [t - min(0.002, 0.7 * t) for t in payload["samples"]]
+        return kind, payload
+
+
+def slow_when_checked(seconds=0.03):
+    """Slow on its first two calls (the correctness trials), 4 ms afterwards."""
+    calls = []
+
+    def kernel(q, k, v, out, case):
+        calls.append(1)
+        end = time.perf_counter() + (seconds if len(calls) <= 2 else 0.004)
+        honest(q, k, v, out, case)
+        while time.perf_counter() < end:
+            pass
+    return kernel
+
+
+def test_slow_correctness_calls_do_not_buy_one_call_batches(kbench_pm, kbench_case):
+    """On 6cf3c74 the batch size came from the worker's correctness samples (30 ms: one call a batch) and each
+    batch allowed 2 x E(1) + 2 ms, so 2 ms shaved off every 4 ms call passed. The parent's own clock of each
+    timed batch sizes the next (about 5 calls: 10 ms shaved a batch against the loop's own cost); the floor is
+    once per record."""
+    timing = dict(min_samples=40, max_samples=60, max_time=2.0)
+    case = kbench_case(seqlen=16)
+    for _ in range(3):  # an honest record passes (a burst of load beyond the allowance may fail one: docs)
+        honest_rec = _judge(kbench_pm, case, FunctionBackend(slow_when_checked()), **timing)
+        if honest_rec["status"] == "passed":
+            break
+    assert honest_rec["status"] == "passed", honest_rec["reason"]
+    # sized by the parent's clock of its timed batches, not by its 30 ms correctness calls (6cf3c74: 1)
+    assert honest_rec["timing"]["accounting"]["calls_per_batch"] >= 2
+    # the forger: its shaved samples do not add up (under a heavy load E(n) grows, and so does what it may hide:
+    # one of three records is enough to show the forger cannot count on passing)
+    reasons = [_judge(kbench_pm, case, FunctionBackend(slow_when_checked()), channel=ForgingChannel, **timing)["reason"]
+               for _ in range(3)]
+    assert any("samples do not add up" in str(r) for r in reasons), reasons
+
+
+def test_the_floor_is_allowed_once_per_record_not_per_batch():
+    acc = Accounting(enforce=True)
+    acc.empty = [(1, 0.0005), (1, 0.0004)]
+    # 20 one-call batches, each 1.5 ms unexplained: under 2 x E(1) + 2 ms per batch (old), over the new total
+    acc.timed = [(1, 0.0065, 0.005)] * 20
+    gap, allowed = acc.unexplained()
+    assert gap == pytest.approx(0.03)
+    assert allowed == pytest.approx(20 * LOAD_FACTOR * 0.0005 + ACCOUNTING_FLOOR)
+    assert not acc.accounted()
+
+
+def test_the_loop_cost_of_a_size_never_measured_is_never_short():
+    acc = Accounting(enforce=True)
+    acc.empty = [(1, 0.001), (8, 0.002), (8, 0.003)]
+    assert acc.loop_cost(8) == 0.003          # the most expensive measurement at that size
+    assert acc.loop_cost(5) == 0.003          # the next size up
+    assert acc.loop_cost(16) == pytest.approx(0.006)   # the largest size, scaled

@@ -11,6 +11,8 @@ import click
 
 from kbench.api import BadInput
 
+from kbench_evolve.prompt import text_of
+
 WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), default=None,
                          help="Directory of lineages (default: $KBENCH_EVOLVE_DIR or ./evolve).")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
@@ -20,6 +22,23 @@ def _lineage(workspace, name):
     from kbench_evolve.store import Lineage, workspace_root
 
     return Lineage.open(workspace_root(workspace), name)
+
+
+def _private_workspace(workspace) -> None:
+    """Refuse a workspace that sandboxed candidates can read (under the interpreter's or a package's folder):
+    a lineage's state, memory and conversation would be theirs to quote back to the model (exit 2)."""
+    from kbench.api import sandbox_readable_roots
+    from kbench_evolve.store import workspace_root
+
+    ws = workspace_root(workspace)
+    real = os.path.realpath(ws)
+    for root in sandbox_readable_roots():
+        if real == root or real.startswith(root.rstrip("/") + "/"):
+            raise BadInput(f"the workspace {ws} lies under {root}, which sandboxed candidate kernels can read: "
+                           f"the lineages' state, notes and conversations would be theirs to read and quote to the "
+                           f"model", where="--workspace",
+                           fix="keep lineages outside the interpreter's and the packages' folders (--workspace DIR or "
+                               "KBENCH_EVOLVE_DIR)")
 
 
 @click.group("evolve")
@@ -43,6 +62,7 @@ def init_command(pm, name, seed, suite, workspace, device):
     from kbench_evolve.store import META_BYTES, Lineage, workspace_root
 
     ws = workspace_root(workspace)
+    _private_workspace(workspace)
     lineage = Lineage.create(ws, name, seed=seed, suite_path=str(suite))
     try:
         source = read_text(seed, limit=META_BYTES, what="seed kernel")
@@ -151,6 +171,10 @@ def _budget_overrides(**kw):
 @click.option("--address", metavar="ADDR", help="The cluster for --executor ray (docs/scale-out.md).")
 @click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
               help="An executor setting for screening runs, e.g. resource=gpu_slot (repeatable).")
+@click.option("--max-bench-per-variation", type=click.IntRange(1), default=None,
+              help="kbench runs the agent's tools may start in one variation (a submit counts its rounds) "
+                   "[default: the larger of 8 and --max-steps]; without --max-bench-calls the run's cap is "
+                   "--iterations times this.")
 @click.option("--profile", type=click.Choice(["ncu"]), default=None,
               help="Profile each screening and benchmark run with Nsight Compute (GPU; outside the timed "
                    "samples): the champion's and the latest candidate's figures go into the operators' brief.")
@@ -160,7 +184,7 @@ def _budget_overrides(**kw):
 def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost, max_time, max_bench_calls,
                 model, api_base, knowledge, rounds, min_gain, screen_ratio, llm_timeout, llm_retries, price_input,
                 price_output, unattended, max_outage, script, restart, parallel, executor, address, executor_opts,
-                profile, workspace, device):
+                max_bench_per_variation, profile, workspace, device):
     """Run variation operator OP on lineage NAME until its budgets are spent.
 
     Exit status: 0 when the run ended (finished, budget spent, stalled), 2 on bad input or when the
@@ -170,6 +194,7 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
     from kbench_evolve.engine import RESUMABLE, Budget, make_state
     from kbench_evolve.operators import operator_registry
 
+    _private_workspace(workspace)
     lineage = _lineage(workspace, name)
     old = lineage.load_state()
     if old and old.get("status") in RESUMABLE and not restart:
@@ -181,7 +206,8 @@ def run_command(pm, name, operator, iterations, max_steps, max_tokens, max_cost,
     options = {"rounds": rounds, "min_gain": min_gain, "screen_ratio": screen_ratio, "knowledge": list(knowledge),
                "device": device, "unattended": bool(unattended), "parallel": parallel,
                "executor": _screen_executor(pm, executor, address, executor_opts), "profile": profile,
-               "max_outage": 86400.0 if max_outage is None else max_outage}
+               "max_outage": 86400.0 if max_outage is None else max_outage,
+               "max_bench_per_variation": max_bench_per_variation}
     if cls.uses_llm:
         model = model or os.environ.get("KBENCH_EVOLVE_MODEL")
         if script:
@@ -306,6 +332,7 @@ def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_ti
     from kbench_evolve.operators import operator_registry
     from kbench_evolve.store import now_iso
 
+    _private_workspace(workspace)
     lineage = _lineage(workspace, name)
     state = lineage.load_state()
     if not state:
@@ -350,11 +377,11 @@ def log_command(name, attempts, workspace):
         click.secho(f"version {v.label}  {v.geomean:.4g} TFLOP/s geomean", fg="yellow")
         click.echo(f"Parent:   {parent}\nOperator: {m.get('operator')}\nDate:     {m.get('committed')}\n"
                    f"Suite:    {m.get('suite')}")
-        if m.get("decision"):
-            d = m["decision"]
-            click.echo(f"Decision: {d['speedup']:.3f}x vs re-measured parent, 95% CI [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]")
+        d = m.get("decision")
+        if isinstance(d, dict):
+            click.echo(f"Decision: {_decision_text(lineage, m, d)}")
         click.echo("")
-        for line in (m.get("rationale") or "").splitlines() or [""]:
+        for line in text_of(m.get("rationale")).splitlines() or [""]:
             click.echo(f"    {line}")
         click.echo("    " + "  ".join(f"{_short(c)}={s:.4g}" for c, s in sorted((m.get("scores") or {}).items())))
         click.echo("")
@@ -363,8 +390,27 @@ def log_command(name, attempts, workspace):
     click.echo(f"{len(versions)} versions, {len(rejected)} rejected or abandoned attempts (see --attempts)")
     if attempts:
         for a in rejected:
-            click.echo(f"  {a.get('time')} {a.get('operator'):7s} {a.get('sha', '')[:8]} {a['outcome']:9s} "
-                       f"{a.get('reason', '')[:140]}")
+            click.echo(f"  {text_of(a.get('time'), 32)} {text_of(a.get('operator'), 20):7s} {text_of(a.get('sha'), 8)} "
+                       f"{text_of(a.get('outcome'), 20):9s} {text_of(a.get('reason'), 140)}")
+
+
+def _decision_text(lineage, meta: dict, d: dict) -> str:
+    """A committed version's decision: the speedup over its parent re-measured beside it (the number the decision
+    was made on), with the parent's geomean as re-measured, as committed, and the child's."""
+    def num(x, fmt=".4g"):
+        return format(x, fmt) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+    ci = d.get("ci") if isinstance(d.get("ci"), list) and len(d.get("ci")) == 2 else ["?", "?"]
+    parent = meta.get("parent")
+    remeasured = d.get("champion_geomean", meta.get("champion_remeasured"))
+    try:
+        committed = lineage.version(parent).geomean if parent else None
+    except BadInput:
+        committed = None
+    label = f"v{parent}" if parent else "the parent"
+    return (f"{num(d.get('speedup'), '.3f')}x vs {label} re-measured beside it ({label} {num(remeasured)} TFLOP/s "
+            f"re-measured, {num(committed)} when committed; this version {num(d.get('candidate_geomean', meta.get('geomean')))}), "
+            f"95% CI [{num(ci[0], '.3f')}, {num(ci[1], '.3f')}]")
 
 
 def _short(case_id: str) -> str:
@@ -427,6 +473,7 @@ def transfer_command(pm, name, suite, workspace, device):
     """
     from kbench_evolve.engine import measuring
 
+    _private_workspace(workspace)
     lineage = _lineage(workspace, name)
     with measuring(lineage, click.echo):
         _transfer(pm, lineage, name, suite, device)

@@ -63,15 +63,60 @@ def classify(litellm, exc: BaseException) -> str:
     return "fatal"  # a configuration error of the client (no key, bad URL): retrying cannot fix it
 
 
+def valid_text(value: Any) -> str | None:
+    """A provider's string as valid text: a lone UTF-16 surrogate (which no file or hash accepts) becomes U+FFFD,
+    a non-string its ``str``; None stays None."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def message_to_dict(message: Any) -> dict[str, Any]:
-    """An assistant message as a plain dict (what we store and send back next turn)."""
-    out: dict[str, Any] = {"role": "assistant", "content": getattr(message, "content", None)}
+    """An assistant message as a plain dict (what we store and send back next turn), its text valid Unicode."""
+    out: dict[str, Any] = {"role": "assistant", "content": valid_text(getattr(message, "content", None))}
     calls = getattr(message, "tool_calls", None) or []
     if calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": c.function.arguments or "{}"}}
-                             for c in calls]
+        out["tool_calls"] = []
+        for i, c in enumerate(calls):
+            fn = getattr(c, "function", None)
+            out["tool_calls"].append({"id": valid_text(getattr(c, "id", None)) or f"call_{i}", "type": "function",
+                                      "function": {"name": valid_text(getattr(fn, "name", None)) or "",
+                                                   "arguments": valid_text(getattr(fn, "arguments", None)) or "{}"}})
     return out
+
+
+def redacted(messages: list[dict[str, Any]], values: list[str]) -> list[dict[str, Any]]:
+    """A copy of ``messages`` whose every string (contents, text parts, tool-call arguments) has the secrets'
+    values replaced by ``[redacted]``; ``messages`` itself unchanged."""
+    from kbench_evolve.prompt import redact
+
+    if not values:
+        return messages
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, str):
+            return redact(x, values)
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return x
+
+    return [clean(m) for m in messages]
+
+
+def _count(value: Any) -> int | None:
+    """A token count a provider reported: a whole number >= 0, else None (missing, negative, not a number)."""
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(n) if n == n and 0 <= n < 1e15 else None
 
 
 def uses_cache_control(model: str) -> bool:
@@ -141,6 +186,10 @@ class LLMClient:
         self.prices = (price_input, price_output) if price_input is not None and price_output is not None else None
         self.sleep = sleep
         self.last_call: dict[str, Any] = {}
+        from kbench_evolve.prompt import secret_values
+
+        # values of secret-looking variables (the environment's, a .env here or above the lineage): never sent
+        self.secrets = secret_values(places=[os.getcwd(), ctx.lineage.root])
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                  compact: Callable[[list[dict[str, Any]]], bool] | None = None) -> dict[str, Any]:
@@ -152,10 +201,10 @@ class LLMClient:
         overflows = 0
         while attempt <= self.retries:
             self.ctx.check_budget()
+            sent = redacted(messages, self.secrets)
             kwargs: dict[str, Any] = {"model": self.model, "timeout": self.timeout, "num_retries": 0,
                                       "max_retries": 0,
-                                      "messages": with_cache_control(messages) if uses_cache_control(self.model)
-                                      else messages}
+                                      "messages": with_cache_control(sent) if uses_cache_control(self.model) else sent}
             if tools:
                 kwargs["tools"] = tools
             if self.api_base:
@@ -187,35 +236,66 @@ class LLMClient:
                     self.sleep(wait)
                 attempt += 1
                 continue
-            self._account(litellm, response, started)
-            return message_to_dict(response.choices[0].message)
+            try:
+                reply = message_to_dict(response.choices[0].message)
+            except (AttributeError, IndexError, TypeError) as exc:  # no choices, no message: a broken reply
+                reply = {"role": "assistant", "content": f"(the provider's reply had no message: {type(exc).__name__})"}
+            self._account(litellm, response, started, sent, reply)
+            return reply
         raise LLMUnavailable(f"model {self.model} unavailable after {self.retries + 1} attempts: "
                              f"{type(last).__name__}: {_short(last, 200)}")
 
-    def _account(self, litellm, response, started: float) -> None:
+    def _account(self, litellm, response, started: float, sent: list[dict[str, Any]], reply: dict[str, Any]) -> None:
+        """Count the call's tokens and cost. A count the provider did not report, or reported as zero, negative
+        or not a number, is estimated from the text (litellm's token counter) and the call is marked
+        ``usage_estimated``; tokens and costs are never below zero."""
         usage = getattr(response, "usage", None)
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        prompt, completion = _count(getattr(usage, "prompt_tokens", None)), _count(getattr(usage, "completion_tokens", None))
+        estimated = not prompt or completion is None or (completion == 0 and _reply_text(reply))
+        if estimated:
+            prompt = prompt or self._estimate(litellm, messages=sent)
+            if completion is None or completion == 0:
+                completion = self._estimate(litellm, text=_reply_text(reply)) if _reply_text(reply) else 0
         details = getattr(usage, "prompt_tokens_details", None)
-        cached = int(getattr(details, "cached_tokens", 0) or 0) or int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+        cached = _count(getattr(details, "cached_tokens", None)) or _count(getattr(usage, "cache_read_input_tokens", None)) or 0
         cost: float | None
         if self.prices is not None:
             cost = (prompt * self.prices[0] + completion * self.prices[1]) / 1e6
         else:
             try:
-                cost = float(litellm.completion_cost(completion_response=response, model=self.model))
+                if estimated:
+                    cost = float(sum(litellm.cost_per_token(model=self.model, prompt_tokens=prompt,
+                                                            completion_tokens=completion)))
+                else:
+                    cost = float(litellm.completion_cost(completion_response=response, model=self.model))
             except Exception:  # noqa: BLE001 - an unpriced model: tokens still count, cost is unknown
                 cost = None
+        if cost is not None and (cost != cost or cost == float("inf")):  # NaN or infinite: unknown, not counted
+            cost = None
+        elif cost is not None and cost < 0:  # a negative price never gives money back
+            cost = 0.0
         spent = self.ctx.spent
-        spent.tokens += prompt + completion if (prompt or completion) else int(getattr(usage, "total_tokens", 0) or 0)
+        spent.tokens += prompt + completion
         if cost is None:
             spent.unpriced_calls += 1
         else:
             spent.cost += cost
+        if estimated:
+            usage_state = self.ctx.state.setdefault("usage", {})
+            usage_state["estimated_calls"] = int(usage_state.get("estimated_calls") or 0) + 1
+            self.ctx.echo(f"  ! the provider reported no usable token counts ({_short(usage, 120)}); "
+                          f"estimated from the text: {prompt} + {completion} tokens")
         self.last_call = {"time": now_iso(), "latency_s": round(time.time() - started, 3), "model": self.model,
                           "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-                          "cost": cost}
+                          "cost": cost, **({"usage_estimated": True} if estimated else {})}
         self.ctx.save()
+
+    def _estimate(self, litellm, **what: Any) -> int:
+        try:
+            return max(0, int(litellm.token_counter(model=self.model, **what)))
+        except Exception:  # noqa: BLE001 - a tokenizer litellm cannot load: about 4 characters a token
+            text = what.get("text") or " ".join(str(m.get("content") or "") for m in what.get("messages") or [])
+            return max(1, len(text) // 4)
 
     def _log_error(self, exc: BaseException, attempt: int, kind: str) -> None:
         append_jsonl(self.ctx.lineage.root / "llm-errors.jsonl",
@@ -224,7 +304,13 @@ class LLMClient:
                       "message": str(exc)[:500]})
 
 
-def _short(exc: BaseException | None, n: int = 200) -> str:
+def _reply_text(reply: dict[str, Any]) -> str:
+    """What the model wrote: its text and its tool calls (for estimating the completion's tokens)."""
+    calls = " ".join(f"{c['function']['name']} {c['function']['arguments']}" for c in reply.get("tool_calls") or [])
+    return ((reply.get("content") or "") + " " + calls).strip()
+
+
+def _short(exc: Any, n: int = 200) -> str:
     return " ".join(str(exc).split())[:n]
 
 

@@ -48,6 +48,9 @@ from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso, parse
 META_BYTES = 16 * 2**20
 LOG_BYTES = 256 * 2**20
 
+#: the agent's notes (memory.md) are kept within this many bytes: the oldest notes are dropped first
+MEMORY_BYTES = 256 * 1024
+
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: the lock a measuring process holds, and the directory of its kbench runs in progress
@@ -79,6 +82,22 @@ def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def bounded_memory(text: str, limit: int = MEMORY_BYTES) -> str:
+    """``text`` (notes, each starting ``- `` on a line) within ``limit`` UTF-8 bytes: the oldest notes dropped."""
+    if len(text.encode("utf-8", "replace")) <= limit:
+        return text
+    notes = text.split("\n- ")
+    size = 0
+    kept: list[str] = []
+    for note in reversed(notes):
+        size += len(note.encode("utf-8", "replace")) + 3
+        if size > limit:
+            break
+        kept.insert(0, note)
+    out = "\n- ".join(kept)
+    return out if out.startswith("- ") else "- " + out if out else ""
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every line of a JSONL log, through the core's reader (its limits: a FIFO or device is refused by type);
     a line that is not JSON (torn by a kill mid-append) is skipped."""
@@ -87,9 +106,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in read_text(path, limit=LOG_BYTES, what="log").splitlines():
         try:
-            out.append(parse_json(line, file=str(path), what="log line"))
+            entry = parse_json(line, file=str(path), what="log line")
         except BadInput:
             continue  # a torn line from a kill mid-append
+        if isinstance(entry, dict):  # a line that is JSON but no entry (a number, a list) is no attempt either
+            out.append(entry)
     return out
 
 
@@ -253,7 +274,7 @@ class Lineage:
         if ref in (None, "", "best", "latest", "champion"):
             return versions[-1]
         text = str(ref).lstrip("@").lstrip("v")
-        if not text.isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", text):  # ASCII digits only ("²" is a digit to str.isdigit, not to int)
             raise BadInput(f"bad version {ref!r}", where="VERSION", fix="write it as v3 or 3")
         for v in versions:
             if v.number == int(text):
@@ -316,10 +337,33 @@ class Lineage:
         return self.root / "memory.md"
 
     def read_memory(self) -> str:
-        return read_text(self.memory_path, limit=LOG_BYTES, what="memory file") if os.path.lexists(self.memory_path) else ""
+        """The notes, at most the newest :data:`MEMORY_BYTES` of them: a larger file (written by hand, or by an
+        older kbench without the bound) is read from its end, never refused, so it cannot make the lineage unusable."""
+        path = self.memory_path
+        if not os.path.lexists(path):
+            return ""
+        if not path.is_file():
+            raise BadInput(f"{path} is not a regular file", file=str(path), fix="remove it")
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - MEMORY_BYTES))
+            data = fh.read(MEMORY_BYTES)
+        text = data.decode("utf-8", "replace")
+        if size > MEMORY_BYTES:  # from the first whole note on
+            cut = text.find("\n- ")
+            text = text[cut + 1:] if cut >= 0 else ""
+        return text
 
     def write_memory(self, text: str) -> None:
+        atomic_write_text(self.memory_path, bounded_memory(text))
+
+    def append_memory(self, note: str) -> bool:
+        """Add one note (``- note``); the oldest notes are dropped while the file would exceed :data:`MEMORY_BYTES`
+        (True when some were)."""
+        whole = self.read_memory() + f"- {note.strip()}\n"
+        text = bounded_memory(whole)
         atomic_write_text(self.memory_path, text)
+        return len(text) < len(whole)
 
     def scratch(self, sub: str) -> Path:
         p = self.root / sub

@@ -7,6 +7,7 @@ every variation is appended to ``trajectories/<id>.jsonl``.
 """
 from __future__ import annotations
 
+import json
 import time
 
 from kbench_evolve.operators import Operator
@@ -25,7 +26,7 @@ class AgentOperator(Operator):
     def vary(self, ctx) -> str:
         from kbench_evolve.llm import LLMClient
         from kbench_evolve.supervisor import Supervisor
-        from kbench_evolve.tools import AgentTools
+        from kbench_evolve.tools import MEASURING, AgentTools, Limits
 
         st = ctx.op_state
         vid = st.setdefault("id", f"{time.strftime('%Y%m%d-%H%M%S')}-{ctx.spent.iterations + 1}")
@@ -34,7 +35,7 @@ class AgentOperator(Operator):
         sup = Supervisor(st, stall_steps=int(opts.get("stall_steps", 12)),
                          repeat_limit=int(opts.get("repeat_limit", 2)),
                          failure_limit=int(opts.get("failure_limit", 3)))
-        tools = AgentTools(ctx, sup)
+        tools = AgentTools(ctx, sup, Limits.from_options(opts, ctx.budget))
         client = LLMClient(ctx, **{k: opts[k] for k in LLM_OPTIONS if opts.get(k) is not None})
         messages = st.get("messages")
         if not messages:
@@ -49,14 +50,15 @@ class AgentOperator(Operator):
             append_jsonl(trajectory, message)
 
         while True:
-            pending = _pending_calls(messages)
+            calls, pending = _pending_calls(messages)
             if pending:  # the model asked for these (maybe before a kill): run them now
-                for call in pending:
-                    result = tools.call(call["function"]["name"], call["function"]["arguments"])
-                    add({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
-                         "content": result})
-                    ctx.save()
-                    ctx.echo(f"  . {call['function']['name']}: {result.splitlines()[0][:100] if result else ''}")
+                for index, call in pending:
+                    name, arguments = _call_parts(call)
+                    result = tools.refusal(calls, index) or tools.call(name, arguments)
+                    add({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": result})
+                    if name in MEASURING:  # saved after each kbench run; cheap calls once per reply (below)
+                        ctx.save()
+                    ctx.echo(f"  . {name[:40]}: {result.splitlines()[0][:100] if result else ''}")
                     if tools.committed:
                         break
                 if tools.committed:
@@ -118,13 +120,23 @@ def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
     return elided
 
 
-def _pending_calls(messages: list[dict]) -> list[dict]:
-    """Tool calls of the last assistant message that have no tool result yet."""
+def _pending_calls(messages: list[dict]) -> tuple[list[dict], list[tuple[int, dict]]]:
+    """The tool calls of the last assistant message, and those of them (with their positions) that have no
+    tool result yet."""
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
         if m.get("role") == "assistant":
             answered = {x.get("tool_call_id") for x in messages[i + 1:] if x.get("role") == "tool"}
-            return [c for c in m.get("tool_calls") or [] if c["id"] not in answered]
-    return []
+            calls = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            return calls, [(n, c) for n, c in enumerate(calls) if c.get("id") not in answered]
+    return [], []
+
+
+def _call_parts(call: dict) -> tuple[str, str | None]:
+    """A stored tool call's name and arguments, whatever a saved conversation holds."""
+    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    name, arguments = fn.get("name"), fn.get("arguments")
+    return (name if isinstance(name, str) else str(name), arguments if isinstance(arguments, (str, type(None)))
+            else json.dumps(arguments))
 
 

@@ -7,7 +7,9 @@ import time
 
 from kbench_evolve import source as src
 from kbench_evolve.operators import Operator
+from kbench_evolve.prompt import fence
 from kbench_evolve.store import append_jsonl
+from kbench_evolve.tools import RATIONALE_CHARS
 
 ANSWER = """
 Answer with one line `RATIONALE: ...` and then one or more SEARCH/REPLACE blocks against the champion's
@@ -65,18 +67,24 @@ class LLMRewriteOperator(Operator):
             if text.strip().upper().startswith("GIVE UP"):  # the system prompt's convention
                 return "the model gave up: " + text.strip()[:120]
             rationale = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                              if line.upper().startswith("RATIONALE:")), "llm rewrite")
+                              if line.upper().startswith("RATIONALE:")), "llm rewrite")[:RATIONALE_CHARS]
             try:
-                candidate = src.apply_patch(ctx.champion().source, text)
+                candidate, bad = src.apply_patch(ctx.champion().source, text), ""
             except src.PatchError as exc:
-                ctx.lineage.log_attempt({"operator": self.name, "outcome": "rejected", "reason": f"bad patch: {exc}",
+                bad, candidate = f"bad patch: {' '.join(str(exc).split())[:300]}", None
+            if candidate is None:
+                ctx.lineage.log_attempt({"operator": self.name, "outcome": "rejected", "reason": bad,
                                          "rationale": rationale})
-                messages += [reply, {"role": "user", "content": f"The patch could not be applied: {exc}. "
-                                                                "Answer again in the required format."}]
+                ctx.echo(f"  ! the model's reply has no patch that applies ({bad[:120]}); asking again "
+                         f"(step {ctx.spent.steps} of {ctx.budget.max_steps})")
+                messages += [reply, {"role": "user", "content": "The patch could not be applied:\n"
+                                     + fence(bad, "the patch error, quoting your reply")
+                                     + "\nAnswer again in the required format."}]
                 continue
             result = ctx.submit(candidate, rationale=rationale)
             if result.committed:
                 return f"committed {result.version.label}"
-            messages += [reply, {"role": "user", "content": f"The harness rejected it: {result.reason}. "
-                                                            "Propose a different change."}]
+            messages += [reply, {"role": "user", "content": "The harness rejected it:\n"
+                                 + fence(result.reason, "the harness's reason (it may quote the candidate's output)")
+                                 + "\nPropose a different change."}]
         return f"no commit in {ctx.spent.steps} steps (step budget)"

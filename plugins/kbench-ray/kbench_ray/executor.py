@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import platform
 import re
+import threading
 import time
 from typing import Any
 
@@ -73,22 +74,8 @@ class RayExecutor(kx.SlotExecutor):
         settings = dict(options.settings)
         self.pm, self.planned = pm, planned
         self.started_ray = False
-        if not ray.is_initialized():
-            address = init_address(options.address)
-            keep_loopback()  # a loopback address stays one (a cluster at 127.0.0.1 listens there only)
-            local = {"_node_ip_address": LOOPBACK} if address == "local" else {}
-            try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
-                         **local)
-            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-                if address == "local":
-                    raise KbenchError(f"cannot start a local Ray cluster: {exc}",
-                                      fix="see Ray's logs in its temporary directory, or give --address of a "
-                                          "running cluster") from None
-                raise _bad(f"cannot reach the Ray cluster at {address}: {exc}",
-                           "check the address (ray status on the head node), or leave out --address "
-                           "to start a local cluster", where="--address" if options.address else "RAY_ADDRESS") from None
-            self.started_ray = True
+        _connect(options)
+        self.started_ray = True
         try:
             self._configure(settings)
         except BaseException:
@@ -222,14 +209,50 @@ class RayExecutor(kx.SlotExecutor):
 
     def close_ray(self) -> None:
         if self.started_ray:
-            ray.shutdown()
             self.started_ray = False
+            _disconnect()
 
     def describe(self) -> dict[str, Any]:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         return {"name": self.name, "slots": self.slots, "resource": self.resource, "driver": platform.node(),
                 "nodes": [{"node": n["NodeID"], "address": n["NodeManagerAddress"],
                            self.resource: n.get("Resources", {}).get(self.resource, 0)} for n in nodes]}
+
+
+#: this process's connection to Ray, shared by the executors of concurrent runs (``kbench evolve run
+#: --parallel N --executor ray``: one run per screening, in threads): the first connects, the last one
+#: done disconnects, and only when it was kbench that connected (a driver's own ray.init stays as it is)
+_SHARED = {"users": 0, "ours": False}
+_SHARED_LOCK = threading.Lock()
+
+
+def _connect(options) -> None:
+    with _SHARED_LOCK:
+        if _SHARED["users"] == 0 and not ray.is_initialized():
+            address = init_address(options.address)
+            keep_loopback()  # a loopback address stays one (a cluster at 127.0.0.1 listens there only)
+            local = {"_node_ip_address": LOOPBACK} if address == "local" else {}
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                         **local)
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+                if address == "local":
+                    raise KbenchError(f"cannot start a local Ray cluster: {exc}",
+                                      fix="see Ray's logs in its temporary directory, or give --address of a "
+                                          "running cluster") from None
+                raise _bad(f"cannot reach the Ray cluster at {address}: {exc}",
+                           "check the address (ray status on the head node), or leave out --address "
+                           "to start a local cluster", where="--address" if options.address else "RAY_ADDRESS") from None
+            _SHARED["ours"] = True
+        _SHARED["users"] += 1
+
+
+def _disconnect() -> None:
+    with _SHARED_LOCK:
+        _SHARED["users"] -= 1
+        if _SHARED["users"] == 0 and _SHARED["ours"]:
+            _SHARED["ours"] = False
+            ray.shutdown()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -118,3 +118,29 @@ def test_clean_backend_exits_0_saying_how_many(tmp_path):
 def test_bad_input_exit_2(tmp_path, args, message):
     res, _ = fuzz(tmp_path, *args, "--budget", "2")
     assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_the_space_draws_what_the_backend_declares_and_only_that():
+    from hypothesis import find, given, settings
+
+    from kbench.fuzz.space import Space
+
+    ops = get_plugin_manager().registry
+    full = Space("attention", ("fp32", "bf16"), frozenset({"bwd", "window", "softcap"}))
+    assert find(full.strategy(), lambda p: p.get("mode") == "bwd")["mode"] == "bwd"
+    assert find(full.strategy(), lambda p: "window" in p and "softcap" in p)
+    smallest = find(full.strategy(), lambda p: True)   # where shrinking ends
+    assert smallest == {"batch": 1, "seqlen_q": 1, "seqlen_kv": 1, "heads_q": 1, "heads_kv": 1, "head_dim": 8,
+                        "causal": False, "dtype": "fp32"}
+    paged = Space("decode_attention", ("fp16",), frozenset({"paged"}))
+    assert find(paged.strategy(), lambda p: p.get("page_size", 0) > 0)
+
+    @settings(max_examples=50, database=None, deadline=None)
+    @given(Space("attention", ("fp32",)).strategy(), Space("decode_attention", ("fp32",)).strategy(),
+           Space("attention_varlen", ("fp16",)).strategy())
+    def plain(a, d, v):
+        assert not {"mode", "window", "softcap"} & set(a) and "page_size" not in d
+        for op, params in (("attention", a), ("decode_attention", d), ("attention_varlen", v)):
+            case = ops.op(op).make_case(params)   # every draw is a case the op accepts
+            assert op != "attention" or case["heads_q"] % case["heads_kv"] == 0
+    plain()

@@ -2,10 +2,10 @@
 
 Lengths mix the small (1-16, which is where shrinking ends), the edges of the usual tile sizes (63, 64, 65, ...),
 primes and anything up to a bound; ``seqlen_kv`` equals ``seqlen_q`` or is drawn on its own; heads are
-``heads_kv`` times a group of 1-4 (MHA, GQA, MQA); head_dim from a list (``--head-dim``); causal, window and
-softcap where the backend declares the feature; the dtypes asked for. Every strategy shrinks towards the
-smallest case of its kind (batch 1, length 1, one head, the first head_dim and dtype, no mask), so a failure
-found anywhere ends as small as the bug allows. A case whose float64 reference would cost more than
+``heads_kv`` times a group of 1-4 (MHA, GQA, MQA); head_dim from a list (``--head-dim``); causal; window,
+softcap and the backward (mode ``bwd``/``fwd_bwd``) where the backend declares the feature; the dtypes asked
+for. Every strategy shrinks towards the smallest case of its kind (batch 1, length 1, one head, the first head_dim
+and dtype, no mask, the forward), so a failure found anywhere ends as small as the bug allows. A case whose float64 reference would cost more than
 :data:`MAX_WORK` multiply-adds is not drawn (the checks stay a few tens of milliseconds each).
 """
 from __future__ import annotations
@@ -72,6 +72,11 @@ class Space:
                 params["window"] = [draw(st.integers(-1, 80)), draw(st.integers(-1, 80))]
             if "softcap" in features and draw(st.booleans()):
                 params["softcap"] = draw(st.sampled_from([1.0, 5.0, 30.0, 50.0]))
+            modes = [m for m in ("bwd", "fwd_bwd") if m in features]
+            if modes and draw(st.booleans()):   # the backward where declared (shrinks to the forward)
+                params["mode"] = draw(st.sampled_from(modes))
+                if params["dtype"] == "fp8_e4m3":
+                    params["mode"] = "fwd"
             return params
         return draw_case()
 
@@ -114,7 +119,8 @@ def reference_work(op: str, params: Mapping[str, Any]) -> float:
         q = _lengths(params["seqlens_q"])
         kv = _lengths(params.get("seqlens_kv") or params["seqlens_q"])
         return 2.0 * hq * d * sum(a * b for a, b in zip(q, kv))
-    return 2.0 * params.get("batch", 1) * hq * params["seqlen_q"] * params["seqlen_kv"] * d
+    backward = 3.0 if params.get("mode", "fwd") != "fwd" else 1.0   # dq, dk, dv besides the forward
+    return 2.0 * backward * params.get("batch", 1) * hq * params["seqlen_q"] * params["seqlen_kv"] * d
 
 
 def _lengths(value: Any) -> list[int]:

@@ -27,6 +27,7 @@ import yaml
 
 from kbench.errors import BadInput
 from kbench.reader import MAX_DEPTH, MAX_INT_DIGITS, check_shape  # the one reader's limits, for YAML too
+from kbench.text import safe_strings
 
 #: largest YAML file kbench reads (bytes); a 10,000-case suite is well under 1 MiB
 MAX_BYTES = 16 * 2**20
@@ -215,7 +216,7 @@ def load_yaml_text(text: str, *, source: str | None = None) -> tuple[Any, dict[t
         raise BadInput("YAML nested too deeply", file=source, fix="flatten the document") from None
     finally:
         loader.dispose()
-    return data, lines
+    return safe_strings(data), lines  # the readers' escape (kbench.text): a "\u202e" in a suite name is shown as such
 
 
 def load_yaml(path: str | Path) -> tuple[Any, dict[tuple, int]]:

@@ -125,3 +125,10 @@ def test_run_prints_its_table_with_a_surrogate_in_a_name_and_an_exception(tmp_pa
     assert rec["backend"] == "odd\\ud800name" and "\\ud800" in rec["reason"]
     shown = invoke("show", out)
     assert shown.exit_code == 0 and "odd\\ud800name" in shown.output
+
+
+def test_a_suite_is_escaped_as_it_is_read():
+    from kbench.yamlsource import load_yaml_text
+
+    data, _ = load_yaml_text('name: "fast\\u202e\\x1b[2J"\nbackends: ["numpy\\u200b"]\n')
+    assert data == {"name": "fast\\u202e\\x1b[2J", "backends": ["numpy\\u200b"]}

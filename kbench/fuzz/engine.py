@@ -20,6 +20,7 @@ from kbench.backends import Backend
 from kbench.errors import KbenchError
 from kbench.fuzz.checker import Checker, infrastructure, is_bad
 from kbench.fuzz.space import Space, reference_work, size_key
+from kbench.ops import CaseError
 
 
 class OutOfTime(BaseException):
@@ -123,7 +124,11 @@ def fuzz(backend: Backend, checker: Checker, space: Space, *, budget: float, see
         if reference_work(op.name, params) > space.max_work:
             result.passed_over += 1
             return
-        case = op.make_case(params)
+        try:
+            case = op.make_case(params)
+        except CaseError:  # a combination the op refuses is no case at all, not the kernel's failure
+            result.passed_over += 1
+            return
         why = _unsupported(backend, case)
         if why:
             result.skipped += 1

@@ -172,9 +172,15 @@ def refuse_name_collisions(backends: Iterable[Any]) -> None:
     are unique by the registry, and two settings of one (``numpy-flash[block_q=64]``) are distinct names."""
     registered: dict[str, Any] = {}
     files: dict[str, Any] = {}
+    exact: dict[str, Any] = {}
     for backend in backends:
-        if not getattr(backend, "source_path", None):
-            registered.setdefault(name_key(backend.name), backend)
+        if getattr(backend, "source_path", None):
+            continue  # kernel files: below, by what their names read as
+        first = exact.setdefault(backend.name, backend)
+        if first is not backend:  # two objects, one name (a backend given through the API beside a registered one)
+            raise BadInput(f"two selected backends are both named {backend.name!r}: their records could not be told "
+                           "apart", where="-b", fix="select one of them, or give the other a name of its own")
+        registered.setdefault(name_key(backend.name), backend)
     for backend in backends:
         if not getattr(backend, "source_path", None):
             continue

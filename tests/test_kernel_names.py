@@ -74,3 +74,14 @@ def test_a_file_named_as_a_registered_backend_is_refused_by_run(tmp_path):
     suite.write_text(SUITE)
     ran = invoke("run", suite, "-b", "numpy", "-b", kernel(tmp_path / "k.py", "numpy"), "-o", tmp_path / "r.json")
     assert ran.exit_code == 2 and "is the registered backend 'numpy'" in ran.output, ran.output
+
+
+def test_a_backend_given_beside_a_registered_one_of_its_name_is_refused(registry):
+    from kbench.selection import refuse_name_collisions
+
+    numpy = registry.backends["numpy"]
+    impostor = type(numpy)()  # another object, trusted=False or not: it did not earn the registered name
+    impostor.trusted = False
+    with pytest.raises(BadInput, match="both named 'numpy'"):
+        refuse_name_collisions([numpy, impostor])
+    refuse_name_collisions([numpy, registry.backends["numpy-flash"]])  # distinct names pass

@@ -144,3 +144,23 @@ def test_the_space_draws_what_the_backend_declares_and_only_that():
             case = ops.op(op).make_case(params)   # every draw is a case the op accepts
             assert op != "attention" or case["heads_q"] % case["heads_kv"] == 0
     plain()
+
+
+@pytest.mark.parametrize("op, params", [
+    ("attention_varlen", {"seqlens_q": [3, 5], "seqlens_kv": [7, 2], "heads_q": 2, "heads_kv": 1, "head_dim": 8,
+                          "causal": True, "dtype": "fp16"}),
+    ("attention", {"batch": 1, "seqlen_q": 3, "seqlen_kv": 5, "heads_q": 2, "heads_kv": 1, "head_dim": 8,
+                   "causal": False, "dtype": "fp32", "window": [2, -1], "softcap": 5.0, "mode": "bwd"}),
+    ("decode_attention", {"batch": 2, "seqlen_q": 1, "seqlen_kv": 9, "heads_q": 2, "heads_kv": 2, "head_dim": 8,
+                          "dtype": "fp32", "page_size": 3}),
+])
+def test_the_repro_suite_holds_exactly_the_failing_case(tmp_path, op, params):
+    """List-valued parameters (varlen lengths, a window) are one case's values in the suite, not grid axes."""
+    from kbench.fuzz.engine import Failure, FuzzResult, write_repro
+
+    result = FuzzResult("k", "k.py", op, "cpu", 5, 1.0, ("fp32",))
+    result.failure = Failure(params, "?", "failed", "relative L2 ...")
+    path = write_repro(result, tmp_path)
+    op_ = get_plugin_manager().registry.op(op)
+    (case,) = load_suite(path).plan("cpu", op_).cases
+    assert case.id == op_.make_case(params).id and result.repro == f"kbench run {path} -b k.py"

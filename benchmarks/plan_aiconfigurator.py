@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbench.plan.validation import (GRID, Row, aiconfigurator_missing, recorded, run_aiconfigurator,  # noqa: E402
-                                    run_kbench)
+from kbench.plan.validation import (GRID, HELD_OUT, RECORDED, Row, aiconfigurator_missing,  # noqa: E402
+                                    recorded, run_aiconfigurator, run_kbench)
 
 
 def _cell(entry, key="tokens_s_gpu", scale=1.0, fmt="{:.0f}") -> str:
@@ -33,13 +33,17 @@ def main() -> int:
     ap.add_argument("--aiconfigurator", action="store_true", help="re-run aiconfigurator instead of its recorded answers")
     ap.add_argument("--scenario", action="append", help="only these scenarios (names in kbench/plan/validation.py)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--held-out", action="store_true", help="the held-out scenarios instead of the grid")
     args = ap.parse_args()
     if args.aiconfigurator and aiconfigurator_missing():
         print(aiconfigurator_missing(), file=sys.stderr)
         return 2
     rows = []
-    for sc in GRID:
+    for sc in HELD_OUT if args.held_out else GRID:
         if args.scenario and sc.name not in args.scenario:
+            continue
+        if not args.aiconfigurator and sc.name not in RECORDED:
+            print(f"{sc.name}: no recorded aiconfigurator answer (run with --aiconfigurator)", file=sys.stderr)
             continue
         t0 = time.time()
         aic = run_aiconfigurator(sc) if args.aiconfigurator else recorded(sc.name)

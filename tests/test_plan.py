@@ -40,7 +40,8 @@ TOY_HW = HardwareProfile(name="toy-gpu", title="toy GPU", kind="gpu", peak_flops
 TOY_LINK = Interconnect(name="toy-link", title="toy link", scope="network", bandwidth=10e9, latency=10e-6)
 TOY_NVLINK = Interconnect(name="toy-nvlink", title="toy server link", scope="node", bandwidth=100e9, latency=2e-6)
 TOY_LINKS = {"toy-link": TOY_LINK, "toy-nvlink": TOY_NVLINK}
-EXACT = Assumptions(compute_efficiency=1.0, bandwidth_efficiency=1.0, link_efficiency=1.0, usable_memory=1.0)
+EXACT = Assumptions(compute_efficiency=1.0, bandwidth_efficiency=1.0, link_efficiency=1.0, usable_memory=1.0,
+                    step_model="roofline")
 
 
 def toy_planner(rate=1000.0, ttft=0.01, tpot=0.5e-3, assume=EXACT, **kwargs) -> Planner:
@@ -309,7 +310,7 @@ def test_parse_slo_keeps_unset_keys():
 
 def test_must_show_command_and_the_worked_example_in_docs():
     res = invoke("--model", "llama-3.1-70b", "--hardware", "h100-sxm,a100-80gb-sxm", "--workload", "coding-agent",
-                 "--simulate", "0")
+                 "--simulate", "0", "--step-model", "roofline", "--compute-efficiency", "0.6")
     assert res.exit_code == 0, res.output
     rows = [line for line in res.output.splitlines() if re.match(r"^\d+\s", line)]
     assert any("aggregated h100-sxm TP8" in r for r in rows)
@@ -325,7 +326,8 @@ def test_must_show_command_and_the_worked_example_in_docs():
     wl = {w.name: w for w in builtin_workloads()}["coding-agent"]
     hw = {p.name: p for p in builtin_profiles()}
     m = {x.name: x for x in builtin_models()}["llama-3.1-70b"]
-    planner = Planner(m, wl, [hw["h100-sxm"]], {i.name: i for i in builtin_interconnects()})
+    planner = Planner(m, wl, [hw["h100-sxm"]], {i.name: i for i in builtin_interconnects()},
+                      Assumptions(compute_efficiency=0.6, step_model="roofline"))
     plan = planner.aggregated(hw["h100-sxm"], 8)
     dm = planner.devices["h100-sxm"]
     s = [dm.prefill(c.input, 8).seconds for c in wl.mix]

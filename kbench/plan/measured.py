@@ -107,6 +107,9 @@ class MeasuredRates:
     curves: dict[tuple[str, str], list[Curve]]
     profiles: dict[str, HardwareProfile]      # the profile each file recorded (with calibrated roofs)
     power: dict[str, Power] = field(default_factory=dict)
+    #: per hardware: the median coefficient of variation (std / mean) of the timed calls of the attention and decode
+    #: records: a step's time jitter in the simulation's per-token latencies
+    jitter: dict[str, float] = field(default_factory=dict)
 
     def curve(self, hardware: str, component: str, *, group: float, head_dim: int,
               dtype: str) -> Curve | None:
@@ -156,6 +159,7 @@ def rates_from_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> Meas
     files: dict[tuple, str] = {}
     profiles: dict[str, HardwareProfile] = {}
     energies: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    spreads: dict[str, list[float]] = {}
     for path, data in results:
         hw = data.get("hardware") or {}
         name = hw.get("name")
@@ -170,6 +174,9 @@ def rates_from_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> Meas
             if not rec.passed or rec.op not in OPS:
                 continue
             hw_name = rec.profile or name
+            std, mean = rec.stat("std"), rec.stat("mean")
+            if std is not None and mean:
+                spreads.setdefault(hw_name, []).append(float(std) / float(mean))
             energy = rec.energy
             if energy.get("method") == SUSTAINED:
                 energies.setdefault(hw_name, []).append((rec.op, energy))
@@ -197,7 +204,8 @@ def rates_from_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> Meas
         curves.setdefault((name, component), []).append(
             Curve(name, component, shape, pts, files[(name, component, shape)]))
     power = {name: _power(name, found) for name, found in energies.items()}
-    return MeasuredRates(curves, profiles, power)
+    jitter = {name: statistics.median(found) for name, found in spreads.items()}
+    return MeasuredRates(curves, profiles, power, jitter)
 
 
 def load_rates(paths: Iterable[str]) -> MeasuredRates:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from kbench.hardware import HardwareProfile
+from kbench.plan import kernels
 from kbench.plan.inputs import Interconnect, ServedClass, Workload
 from kbench.plan.measured import MeasuredRates
 from kbench.roofline import (DTYPE_BYTES, ModelConfig, attention_flops_per_pair, kv_bytes_per_token, param_count,
@@ -30,7 +31,7 @@ ACTIVATION_BYTES = 2
 @dataclass(frozen=True)
 class Assumptions:
     """What the plan assumes where nothing was measured, and the scheduler it plans for (each is printed)."""
-    compute_efficiency: float = 0.6     # fraction of the datasheet matmul peak reached
+    compute_efficiency: float = 0.8     # fraction of the datasheet matmul peak reached (shaped: by a large GEMM)
     bandwidth_efficiency: float = 0.8   # fraction of the datasheet memory bandwidth reached
     link_efficiency: float = 0.8        # fraction of an interconnect's bandwidth reached (KV transfer, all-reduce)
     usable_memory: float = 0.9          # fraction of device memory for weights + KV (the rest: activations, runtime)
@@ -39,6 +40,9 @@ class Assumptions:
     kv: str = "bf16"
     chunk: int = 8192                   # tokens per iteration (decode tokens + prefill chunk), TensorRT-LLM's max_num_tokens
     max_batch: int = 512                # requests per instance the scheduler admits at most
+    step_model: str = "shaped"          # "shaped": kernel times by shape on GPUs (kbench.plan.kernels); "roofline"
+    prefill_headroom: float = 0.9       # disaggregated plans run their prefill pool at most at this share, and
+    decode_headroom: float = 0.92       # their decode pool at this share, of the simulated capacity (rate matching)
 
     def scaled(self, factor: float) -> Assumptions:
         """The assumed efficiencies times ``factor`` (capped at 1): the sensitivity check."""
@@ -59,17 +63,38 @@ class Rate:
 class Parallel:
     """One instance: ``tp`` devices in tensor parallel times ``pp`` pipeline stages. A pipeline keeps ``pp``
     micro-batches in flight, so the instance serves as ``pp`` lanes, each with the step time of the whole model
-    on ``tp`` devices plus the stage-to-stage transfers, sharing the instance's KV room."""
+    on ``tp`` devices plus the stage-to-stage transfers, sharing the instance's KV room. MoE models may also run
+    attention data-parallel (``dp`` ranks of ``tp`` devices, each with its own requests and KV cache, stepping
+    together) and their experts ``ep``-way expert-parallel over the ``tp x dp`` devices (each expert's width
+    split the remaining ``tp dp / ep`` ways)."""
     tp: int = 1
     pp: int = 1
+    ep: int = 1
+    dp: int = 1
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.dp * self.pp
+
+    @property
+    def moe_tp(self) -> int:
+        return max(1, self.tp * self.dp // self.ep)
 
     @property
     def label(self) -> str:
-        return f"TP{self.tp}" + (f" PP{self.pp}" if self.pp > 1 else "")
+        return (f"TP{self.tp}" + (f" DP{self.dp}" if self.dp > 1 else "") + (f" EP{self.ep}" if self.ep > 1 else "")
+                + (f" PP{self.pp}" if self.pp > 1 else ""))
+
+    @property
+    def short(self) -> str:
+        """aiconfigurator's spelling: tp4pp1 (dp2 ep4 where used)."""
+        return (f"tp{self.tp}pp{self.pp}" + (f"dp{self.dp}" if self.dp > 1 else "")
+                + (f"ep{self.ep}" if self.ep > 1 else ""))
+
+
+def as_parallel(par: Parallel | int, pp: int = 1) -> Parallel:
+    """A Parallel from a tensor-parallel degree (and pipeline stages), or the Parallel given."""
+    return par if isinstance(par, Parallel) else Parallel(par, pp)
 
 
 class DeviceModel:
@@ -89,6 +114,8 @@ class DeviceModel:
         self.params = param_count(model)
         self.weight_bytes = self.params.total * DTYPE_BYTES[assume.weights]
         self.kv_per_token = kv_bytes_per_token(model, assume.kv)
+        self.attention_weight_bytes = model.layers * (model.heads_q * 2 + model.heads_kv * 2) * model.head_dim \
+            * model.hidden * DTYPE_BYTES[assume.weights]
         self.pair_flops = {ph: attention_flops_per_pair(model, ph) for ph in ("prefill", "decode")}
         links = [interconnects[n] for n in hw.interconnects if interconnects and n in interconnects]
         #: the link inside a server (all-reduces) and between servers (pipeline stages beyond one server)
@@ -122,6 +149,26 @@ class DeviceModel:
                                           dtype=assume.kv)
         self._attn_cache: dict[int, Rate] = {}
         self._weights_cache: dict[int, float] = {}
+        self._pass_cache: dict[tuple, tuple[float, float, float]] = {}
+        #: coefficient of variation of a step's time, from the measured spread of the result files (else 0)
+        self.jitter = measured.jitter.get(hw.name, 0.0) if measured is not None else 0.0
+        self._shaped_setup(peak)
+
+    def _shaped_setup(self, peak: float | None) -> None:
+        """The kernel-by-shape model (kbench.plan.kernels) on GPUs with datasheet roofs: GEMMs up to the assumed
+        efficiency of a large GEMM, bandwidth-bound kernels up to the assumed bandwidth efficiency; prefill
+        attention at its own efficiency unless measured."""
+        hw, a = self.hw, self.assume
+        self.shaped = bool(a.step_model == "shaped" and hw.kind == "gpu" and peak and hw.bandwidth)
+        self.peak = peak or 0.0
+        self.bandwidth = hw.bandwidth or 0.0
+        self.kernel_rates = (self.peak * a.compute_efficiency, self.bandwidth * a.bandwidth_efficiency)
+        if self.shaped:
+            eff = kernels.PREFILL_ATTN_EFF * a.compute_efficiency / 0.8
+            self.prefill_attention_roof = Rate(self.peak * eff, "roofline", f"{self.peak / 1e12:g} TFLOP/s "
+                                               f"datasheet x fused-attention efficiency {eff:.2g}")
+        else:
+            self.prefill_attention_roof = self.compute
 
     @property
     def usable(self) -> bool:
@@ -137,7 +184,8 @@ class DeviceModel:
     def kv_tokens(self, par: Parallel) -> int:
         """Tokens of KV cache an instance holds (its pp lanes share them: a request's KV is split over the
         stages by layer, so one request may use the whole room)."""
-        return max(0, math.floor(self.kv_room(par.devices) / self.kv_per_token))
+        replicated = (par.dp - 1) * self.attention_weight_bytes    # each data-parallel rank holds attention whole
+        return max(0, math.floor((self.kv_room(par.devices) - replicated) / self.kv_per_token))
 
     def lane_tokens(self, par: Parallel) -> float:
         """An instance's KV room per lane, on average: what a lane's batch is sized from."""
@@ -145,9 +193,9 @@ class DeviceModel:
 
     def parallel_problem(self, par: Parallel) -> str | None:
         """Why this hardware cannot run an instance of ``par``, or None."""
-        if par.tp > NODE_DEVICES:
-            return f"tensor parallelism stays within a server of {NODE_DEVICES} devices"
-        if par.tp > 1 and self.node_link is None:
+        if par.tp * par.dp > NODE_DEVICES:
+            return f"tensor and data-parallel attention stay within a server of {NODE_DEVICES} devices"
+        if par.tp * par.dp > 1 and self.node_link is None:
             return f"{self.hw.name} lists no link inside a server for tensor-parallel all-reduces"
         if par.pp > 1 and par.devices > NODE_DEVICES and self.net_link is None and self.node_link is not None:
             return f"{self.hw.name} lists no network link for pipeline stages across servers"
@@ -155,7 +203,7 @@ class DeviceModel:
 
     def attention_rate(self, seqlen: int) -> Rate:
         if self._attn is None:
-            return self.compute
+            return self.prefill_attention_roof
         found = self._attn_cache.get(seqlen)
         if found is None:
             value, where = self._attn.at(seqlen)
@@ -193,88 +241,144 @@ class DeviceModel:
         return found
 
     def allreduce(self, nbytes: float, tp: int) -> float:
-        """One all-reduce of ``nbytes`` over ``tp`` devices joined by the server's link: the faster of one-shot
-        (every device reads the other tp-1 buffers: latency + (tp-1) S / bw) and two-shot (reduce-scatter then
-        all-gather: (tp-1) latencies + 2 (tp-1)/tp S / bw), as TensorRT-LLM's custom all-reduce switches."""
+        """One all-reduce of ``nbytes`` over ``tp`` devices joined by the server's link. Shaped: the fraction of
+        the link TensorRT-LLM's custom all-reduce reaches at that size (:func:`kernels.allreduce_time`).
+        Roofline: the faster of one-shot (latency + (tp-1) S / bw) and two-shot ((tp-1) latencies + 2 (tp-1)/tp
+        S / bw)."""
         if tp <= 1:
             return 0.0
         link = self.node_link
+        if self.shaped:
+            return kernels.allreduce_time(nbytes, tp, link.bandwidth, link.latency, self.assume.link_efficiency / 0.8)
         bw = link.bandwidth * self.assume.link_efficiency
         one_shot = link.latency + (tp - 1) * nbytes / bw
         two_shot = (tp - 1) * link.latency + 2 * (tp - 1) / tp * nbytes / bw
         return min(one_shot, two_shot)
 
-    def comm_lines(self, par: Parallel) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
-        """Communication of a forward pass over n tokens as ``min(a1 + b1 n, a2 + b2 n) + a3 + b3 n``: two
-        all-reduces per layer (after attention and after the MLP; one-shot and two-shot lines) and, with
-        pipeline stages, pp-1 transfers of the activations between stages."""
-        per_token = self.model.hidden * ACTIVATION_BYTES
-        ar = 2 * self.model.layers
-        lines = [(0.0, 0.0), (0.0, 0.0), (0.0, 0.0)]
-        if par.tp > 1:
-            link, t = self.node_link, par.tp
-            bw = link.bandwidth * self.assume.link_efficiency
-            lines[0] = (ar * link.latency, ar * (t - 1) * per_token / bw)
-            lines[1] = (ar * (t - 1) * link.latency, ar * 2 * (t - 1) / t * per_token / bw)
-        if par.pp > 1:
-            link = self.net_link if par.devices > NODE_DEVICES else (self.node_link or self.net_link)
-            if link is not None:
-                bw = link.bandwidth * self.assume.link_efficiency
-                lines[2] = ((par.pp - 1) * link.latency, (par.pp - 1) * per_token / bw)
-        return lines[0], lines[1], lines[2]
+    def stage_transfer(self, tokens: int, par: Parallel) -> float:
+        """The pp-1 transfers of a pass's activations between pipeline stages."""
+        if par.pp <= 1:
+            return 0.0
+        link = self.net_link if par.devices > NODE_DEVICES else (self.node_link or self.net_link)
+        if link is None:
+            return 0.0
+        return (par.pp - 1) * (link.latency + tokens * self.model.hidden * ACTIVATION_BYTES
+                               / (link.bandwidth * self.assume.link_efficiency))
 
     def comm(self, tokens: int, par: Parallel) -> float:
-        """Communication of one forward pass over ``tokens`` tokens (:meth:`comm_lines`)."""
-        (a1, b1), (a2, b2), (a3, b3) = self.comm_lines(par)
-        return min(a1 + b1 * tokens, a2 + b2 * tokens) + a3 + b3 * tokens
+        """Communication of one forward pass over ``tokens`` tokens: two all-reduces per layer (after attention
+        and after the MLP) over the attention's tensor-parallel devices, each of the tokens of one data-parallel
+        rank; the pipeline's stage transfers."""
+        per_rank = tokens / par.dp
+        return (2 * self.model.layers * self.allreduce(per_rank * self.model.hidden * ACTIVATION_BYTES, par.tp)
+                + self.stage_transfer(tokens, par))
 
-    def gemm(self, tokens: int, par: Parallel, kv_write: int = 0) -> tuple[float, float]:
-        """Matmul compute time and weight (+ new KV) read time of a pass over ``tokens`` tokens on ``tp`` devices."""
-        t_cmp = 2.0 * self.params.matmul * tokens / (par.tp * self.compute.value)
-        t_mem = (self.weights_read(tokens) + kv_write * self.kv_per_token) / (par.tp * self.memory.value)
-        return t_cmp, t_mem
+    def pass_time(self, tokens: int, par: Parallel, prompt_tokens: int = 0) -> float:
+        """Everything of a forward pass over ``tokens`` tokens but attention over the cache: matmuls (weights),
+        elementwise kernels, MoE layers, communication, the KV writes of ``prompt_tokens`` new prompt tokens and
+        (shaped) every kernel's floor: the fixed cost of an iteration."""
+        a, b, extra = self.pass_parts(tokens, par)
+        return max(a, b + prompt_tokens * self.kv_write_seconds(par)) + extra
 
-    def kv_seconds_per_token(self, batch: float, context: float, tp: int) -> tuple[float, Rate]:
+    def kv_write_seconds(self, par: Parallel) -> float:
+        """Seconds to write one token's KV cache on an instance."""
+        return self.kv_per_token / (par.tp * par.dp * self.memory.value)
+
+    def pass_parts(self, tokens: int, par: Parallel) -> tuple[float, float, float]:
+        """A pass's time as ``max(a, b + KV writes) + extra``: roofline, a = matmul compute, b = weight reads,
+        extra = communication; shaped, a = 0, b = the pass by kernels, extra = 0. Memoized."""
+        key = (tokens, par)
+        found = self._pass_cache.get(key)
+        if found is None:
+            if self.shaped:
+                found = (0.0, self._shaped_pass(tokens, par), 0.0)
+            else:
+                found = (2.0 * self.params.matmul * tokens / (par.tp * par.dp * self.compute.value),
+                         self.weights_read(tokens) / (par.tp * par.dp * self.memory.value), self.comm(tokens, par))
+            self._pass_cache[key] = found
+        return found
+
+    def _shaped_pass(self, tokens: int, par: Parallel) -> float:
+        """Per layer: the attention projections (qkv, o) on each data-parallel rank's tokens, the MLP (dense
+        gate/up and down GEMMs, or the MoE layer over every rank's tokens with its all-to-all), the elementwise
+        kernels, the decode-attention floor and the all-reduces; then the LM head on one token per sequence
+        (bounded by the tokens) and the stage transfers."""
+        m, x = self.model, self.kernel_rates
+        flops, bw = x
+        n_rank = tokens / par.dp
+        t = par.tp
+        q_out = (m.heads_q + 2 * m.heads_kv) * m.head_dim / t
+        attn = (kernels.gemm_time(n_rank, q_out, m.hidden, flops, bw)
+                + kernels.gemm_time(n_rank, m.hidden, m.heads_q * m.head_dim / t, flops, bw))
+        norms = 2 * (kernels.ELEMENTWISE_FLOOR + n_rank * kernels.NORM_ELEMENTS * m.hidden * 2 / bw)
+        dense = (kernels.gemm_time(n_rank, 2 * m.ffn / t, m.hidden, flops, bw)
+                 + kernels.gemm_time(n_rank, m.hidden, m.ffn / t, flops, bw)
+                 + kernels.ELEMENTWISE_FLOOR + n_rank * kernels.ACT_ELEMENTS * m.ffn / t * 2 / bw)
+        per_layer = attn + norms + kernels.DECODE_ATTN_FLOOR
+        total = m.layers * per_layer
+        if m.moe is None:
+            total += m.layers * dense
+        else:
+            e = m.moe
+            moe = kernels.moe_layer_time(tokens, m.hidden, e.expert_ffn, e.experts, e.active, par.ep, par.moe_tp,
+                                         self.peak, self.bandwidth)
+            if e.shared:
+                shared = kernels.gemm_time(n_rank, 2 * e.shared * e.expert_ffn / t, m.hidden, flops, bw)
+                moe += shared + kernels.gemm_time(n_rank, m.hidden, e.shared * e.expert_ffn / t, flops, bw)
+            if par.dp > 1:
+                link = self.node_link.bandwidth if self.node_link else self.memory.value
+                moe += kernels.alltoall_time(tokens, m.hidden, e.active, par.ep, link)
+            total += e.dense_layers * dense + (m.layers - e.dense_layers) * moe
+        head = kernels.gemm_time(min(n_rank, max(1.0, n_rank)), m.vocab / t, m.hidden, flops, bw)
+        return total + head + self.comm(tokens, par)
+
+    def kv_seconds_per_token(self, batch: float, context: float, par: Parallel | int) -> tuple[float, Rate]:
         """Seconds a decode step spends per cached token (over all requests): the KV read at the measured or
-        roofline rate, or at the roofline the attention FLOPs where they take longer."""
-        kv = self.kv_read_rate(round(context), self.work(batch, tp))
-        t = self.kv_per_token / (tp * kv.value)
-        if kv.origin != "measured":
-            t = max(t, self.pair_flops["decode"] / (tp * self.compute.value))
-        return t, kv
+        roofline rate (shaped: at the fraction of the bandwidth a layer of that size reaches), or at the roofline
+        the attention FLOPs where they take longer."""
+        par = as_parallel(par)
+        devices = par.tp * par.dp
+        kv = self.kv_read_rate(round(context), self.work(batch / par.dp, par.tp))
+        if kv.origin == "measured":
+            return self.kv_per_token / (devices * kv.value), kv
+        if self.shaped:
+            layer = batch * context * self.kv_per_token / (devices * self.bandwidth * self.model.layers)
+            eff = kernels.decode_attention_efficiency(layer)
+            return self.kv_per_token / (devices * self.bandwidth * eff), kv
+        t = self.kv_per_token / (devices * kv.value)
+        return max(t, self.pair_flops["decode"] / (devices * self.compute.value)), kv
 
-    def prefill_attention(self, pairs: float, length: int, tp: int) -> float:
+    def prefill_attention(self, pairs: float, length: int, par: Parallel | int) -> float:
         """Causal attention of ``pairs`` (query, key) pairs of a prompt of ``length`` tokens."""
-        return self.pair_flops["prefill"] * pairs / (tp * self.attention_rate(length).value)
+        par = as_parallel(par)
+        return self.pair_flops["prefill"] * pairs / (par.tp * par.dp * self.attention_rate(length).value)
 
     # -- phases ---------------------------------------------------------------------------------
 
-    def prefill(self, tokens: int, tp: int = 1, cached: int = 0, pp: int = 1) -> PhaseTime:
+    def prefill(self, tokens: int, par: Parallel | int = 1, cached: int = 0, pp: int = 1) -> PhaseTime:
         """One prompt of ``tokens`` tokens, ``cached`` of them in the prefix cache, in one pass on an instance
-        (matmuls at max(compute, weight-read) time, causal attention of the new tokens over the whole context
-        at the attention rate, the all-reduces and stage transfers)."""
-        par = Parallel(tp, pp)
+        (the pass over the new tokens with their KV writes, causal attention of the new tokens over the whole
+        context at the attention rate)."""
+        par = as_parallel(par, pp)
         new = tokens - cached
-        t_cmp, t_mem = self.gemm(new, par, kv_write=new)
         attn = self.attention_rate(tokens)
         pairs = new * cached + new * (new + 1) / 2
-        t_attn = self.pair_flops["prefill"] * pairs / (tp * attn.value)
-        wall = "compute" if t_cmp + t_attn >= t_mem else "bandwidth"
-        return PhaseTime(max(t_cmp, t_mem) + t_attn + self.comm(new, par), wall, (self.compute, self.memory, attn))
+        t_attn = self.prefill_attention(pairs, tokens, par)
+        t_pass = self.pass_time(new, par, new)
+        t_cmp = 2.0 * self.params.matmul * new / (par.tp * par.dp * self.compute.value)
+        wall = "compute" if t_cmp + t_attn >= self.weights_read(new) / (par.tp * self.memory.value) else "bandwidth"
+        return PhaseTime(t_pass + t_attn, wall, (self.compute, self.memory, attn))
 
-    def decode_step(self, batch: int, context: float, tp: int = 1, pp: int = 1) -> PhaseTime:
-        """One decode step of ``batch`` requests with ``context`` cached tokens each on one lane: matmuls
-        (weights read once for the batch), attention over every request's KV cache, all-reduces, stage
-        transfers."""
-        par = Parallel(tp, pp)
-        t_cmp, t_mem = self.gemm(batch, par)
-        per_token, kv = self.kv_seconds_per_token(batch, context, tp)
+    def decode_step(self, batch: int, context: float, par: Parallel | int = 1, pp: int = 1) -> PhaseTime:
+        """One decode step of ``batch`` requests with ``context`` cached tokens each on one lane: the pass over
+        the batch (weights read once for the batch) and attention over every request's KV cache."""
+        par = as_parallel(par, pp)
+        per_token, kv = self.kv_seconds_per_token(batch, context, par)
         t_kv = batch * context * per_token
-        t_attn_cmp = 0.0 if kv.origin == "measured" else (self.pair_flops["decode"] * batch * context
-                                                         / (tp * self.compute.value))
-        t_read = batch * context * self.kv_per_token / (tp * kv.value)
-        wall = "compute" if t_cmp + t_attn_cmp > t_mem + t_read else "bandwidth"
-        return PhaseTime(max(t_cmp, t_mem) + t_kv + self.comm(batch, par), wall, (self.compute, self.memory, kv))
+        t_cmp = 2.0 * self.params.matmul * batch / (par.tp * par.dp * self.compute.value)
+        t_mem = self.weights_read(batch) / (par.tp * self.memory.value)
+        wall = "compute" if t_cmp > t_mem + t_kv else "bandwidth"
+        return PhaseTime(self.pass_time(batch, par) + t_kv, wall, (self.compute, self.memory, kv))
 
 
 @dataclass(frozen=True)
@@ -298,6 +402,10 @@ class Plan:
     link: str | None
     pp_prefill: int = 1
     pp_decode: int = 1
+    ep_prefill: int = 1              # MoE: expert-parallel degree and attention data-parallel ranks per phase
+    dp_prefill: int = 1
+    ep_decode: int = 1
+    dp_decode: int = 1
     prefill_instances: int = 0       # aggregated: the one pool's instances (both phases run on them)
     decode_instances: int = 0
     devices: int = 0
@@ -327,13 +435,19 @@ class Plan:
     sim: object | None = None        # the simulation's figures (kbench.plan.simulate.SimResult) once simulated
     screen: Plan | None = None       # the mean-value screen's plan this one was simulated from
 
+    @classmethod
+    def of(cls, mode: str, prefill_hw: str, decode_hw: str, ppar: Parallel, dpar: Parallel,
+           link: str | None) -> Plan:
+        return cls(mode, prefill_hw, decode_hw, ppar.tp, dpar.tp, link, ppar.pp, dpar.pp, ppar.ep, ppar.dp,
+                   dpar.ep, dpar.dp)
+
     @property
     def prefill_par(self) -> Parallel:
-        return Parallel(self.tp_prefill, self.pp_prefill)
+        return Parallel(self.tp_prefill, self.pp_prefill, self.ep_prefill, self.dp_prefill)
 
     @property
     def decode_par(self) -> Parallel:
-        return Parallel(self.tp_decode, self.pp_decode)
+        return Parallel(self.tp_decode, self.pp_decode, self.ep_decode, self.dp_decode)
 
     @property
     def key(self) -> tuple:
@@ -429,9 +543,16 @@ def _largest(ok: Callable[[int], bool], hi: int) -> int:
 
 
 def parallel_configs(hw: HardwareProfile, tp_degrees: Sequence[int] | None,
-                     pp_degrees: Sequence[int] | None) -> list[Parallel]:
+                     pp_degrees: Sequence[int] | None, moe: bool = False) -> list[Parallel]:
+    """Every tensor- x pipeline-parallel degree; for MoE models also, at each degree d > 1, the experts d-way
+    expert-parallel under tensor-parallel attention (TP d EP d) and under data-parallel attention (TP1 DP d
+    EP d: each rank its own requests, the experts spread over all)."""
     tps = tp_degrees or ((1,) if hw.kind == "cpu" else TP_DEGREES)
-    return [Parallel(t, p) for p in (pp_degrees or (1,)) for t in tps]
+    found = [Parallel(t, p) for p in (pp_degrees or (1,)) for t in tps]
+    if moe and hw.kind != "cpu":
+        found += [Parallel(t, p, ep=t) for p in (pp_degrees or (1,)) for t in tps if t > 1]
+        found += [Parallel(1, p, ep=t, dp=t) for p in (pp_degrees or (1,)) for t in tps if t > 1]
+    return found
 
 
 class Planner:
@@ -465,7 +586,8 @@ class Planner:
         """The parallel configurations to try on ``hw``: --tp x --pp; without --pp, pipeline stages (2, 4 of the
         largest TP) only where no single-stage configuration holds the largest request."""
         dm = self.devices[hw.name]
-        found = [p for p in parallel_configs(hw, self.tp_degrees, self.pp_degrees) if dm.parallel_problem(p) is None]
+        found = [p for p in parallel_configs(hw, self.tp_degrees, self.pp_degrees, self.model.moe is not None)
+                 if dm.parallel_problem(p) is None]
         if self.pp_degrees is None and found and not any(dm.kv_tokens(p) >= self.largest_request for p in found):
             top = max(p.tp for p in found)
             found += [p for p in (Parallel(top, 2), Parallel(top, 4)) if dm.parallel_problem(p) is None]
@@ -477,7 +599,7 @@ class Planner:
     def prefill_times(self, hw: str, par: Parallel) -> list[PhaseTime]:
         key = (hw, par)
         if key not in self._prefill_cache:
-            self._prefill_cache[key] = [self.devices[hw].prefill(c.input, par.tp, c.cached, par.pp) for c in self.mix]
+            self._prefill_cache[key] = [self.devices[hw].prefill(c.input, par, c.cached) for c in self.mix]
         return self._prefill_cache[key]
 
     # -- decode pool ----------------------------------------------------------------------------
@@ -486,7 +608,7 @@ class Planner:
         """Largest batch per lane the KV room (and the scheduler) allows and the TPOT at a batch (a step
         stretched by the share ``busy`` of time the lane spends on prefills, in aggregated serving)."""
         max_batch = min(self.assume.max_batch, max(0, math.floor(dm.lane_tokens(par) / self.slot_tokens)))
-        return max_batch, lambda b: dm.decode_step(b, self.decode_context, par.tp, par.pp).seconds / (1.0 - busy)
+        return max_batch, lambda b: dm.decode_step(b, self.decode_context, par).seconds / (1.0 - busy)
 
     # -- one plan ---------------------------------------------------------------------------------
 
@@ -551,7 +673,7 @@ class Planner:
         decode steps are stretched by the share of time spent prefilling."""
         par = tp if isinstance(tp, Parallel) else Parallel(tp)
         wl, dm, mix = self.workload, self.devices[hw.name], self.mix
-        plan = Plan("aggregated", hw.name, hw.name, par.tp, par.tp, None, par.pp, par.pp)
+        plan = Plan.of("aggregated", hw.name, hw.name, par, par, None)
         if dm.kv_tokens(par) < self.largest_request:
             plan.reason = (f"the weights and one {self.largest_request:,}-token request need "
                            f"{(dm.weight_bytes + self.largest_request * dm.kv_per_token * par.pp) / 1e9:.0f} GB, "
@@ -605,7 +727,7 @@ class Planner:
 
     def transfer_times(self, pdm: DeviceModel, ppar: Parallel, dpar: Parallel, link: Interconnect) -> list[float]:
         """KV transfer of each served class's whole context, over min(devices) links in parallel."""
-        bw = min(ppar.tp, dpar.tp) * link.bandwidth * self.assume.link_efficiency
+        bw = min(ppar.tp * ppar.dp, dpar.tp * dpar.dp) * link.bandwidth * self.assume.link_efficiency
         return [c.input * pdm.kv_per_token / bw + link.latency for c in self.mix]
 
     def disaggregated(self, phw: HardwareProfile, ptp: int | Parallel, dhw: HardwareProfile, dtp: int | Parallel,
@@ -616,7 +738,7 @@ class Planner:
         dpar = dtp if isinstance(dtp, Parallel) else Parallel(dtp)
         wl, mix = self.workload, self.mix
         pdm, ddm = self.devices[phw.name], self.devices[dhw.name]
-        plan = Plan("disaggregated", phw.name, dhw.name, ppar.tp, dpar.tp, link.name, ppar.pp, dpar.pp)
+        plan = Plan.of("disaggregated", phw.name, dhw.name, ppar, dpar, link.name)
         if pdm.kv_tokens(ppar) < self.longest_prompt:
             plan.reason = (f"prefill: the weights and a {self.longest_prompt:,}-token prompt do not fit "
                            f"{ppar.devices} x {phw.name}")
@@ -676,7 +798,7 @@ class Planner:
         if best >= max_batch:
             room = math.floor(dm.lane_tokens(par) / self.slot_tokens)
             return "capacity" if room <= self.assume.max_batch else "max batch"
-        return dm.decode_step(max(best, 1), self.decode_context, par.tp, par.pp).wall
+        return dm.decode_step(max(best, 1), self.decode_context, par).wall
 
     def _origins(self, pdm: DeviceModel, ddm: DeviceModel, ppar: Parallel, dpar: Parallel) -> tuple[str, ...]:
         found = set()

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 from kbench.plan.model import Assumptions, Plan, Planner, best_per_choice
 
 SIM_HEADERS = ("#", "plan", "pools (instances x devices)", "devices", "req/s", "out tok/s/dev", "req/$", "$/Mtok",
-               "kWh/Mtok", "TTFT p50/p90/p99", "TPOT p50/p90/p99", "batch", "SLO met", "rates from")
+               "kWh/Mtok", "TTFT p50/p90/p99", "TPOT p50/p90/p99", "ITL p50/p99", "batch", "SLO met", "rates from")
 
 
 def table_headers(attainment: float, simulated: bool = False) -> tuple[str, ...]:
@@ -61,6 +61,14 @@ def latencies(p: Plan, what: str) -> list[float]:
     return [p.sim.percentile(what, q) for q in (50, 90, 99)]
 
 
+def _itl(p: Plan) -> str:
+    """Per-token inter-token latency, P50/P99 (ms), of the simulated decode steps."""
+    lo, hi = p.sim.percentile("itl", 50), p.sim.percentile("itl", 99)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"{lo * 1e3:.3g}/{hi * 1e3:.3g} ms"
+
+
 def table_rows(plans: Sequence[Plan], shares: Sequence[float]) -> list[list[str]]:
     rows = []
     for i, p in enumerate(plans, 1):
@@ -68,7 +76,8 @@ def table_rows(plans: Sequence[Plan], shares: Sequence[float]) -> list[list[str]
             energy = _g(p.kwh_per_mtok) + (" (TDP)" if p.power_source == "TDP" and p.kwh_per_mtok else "")
             rows.append([str(i), p.label, pools(p), str(p.devices), _g(p.rate), _g(p.output_per_device),
                          _g(p.per_dollar), _g(p.dollars_per_mtok), energy, _triple(latencies(p, "ttft"), "s"),
-                         _triple(latencies(p, "tpot"), "ms"), f"{p.batch}/{p.max_batch}", f"{p.attainment:.0%}",
+                         _triple(latencies(p, "tpot"), "ms"), _itl(p), f"{p.batch}/{p.max_batch}",
+                         f"{p.attainment:.0%}",
                          "+".join(p.origins) or "-"])
             continue
         rows.append([str(i), p.label, pools(p) if p.devices else "-", ratio(p), _g(p.per_device),
@@ -83,6 +92,8 @@ def table_rows(plans: Sequence[Plan], shares: Sequence[float]) -> list[list[str]
 def plan_json(p: Plan, shares: Sequence[float]) -> dict[str, Any]:
     out = {"label": p.label, "mode": p.mode, "prefill_hardware": p.prefill_hw, "decode_hardware": p.decode_hw,
            "tp_prefill": p.tp_prefill, "pp_prefill": p.pp_prefill, "tp_decode": p.tp_decode,
+           "ep_prefill": p.ep_prefill, "dp_prefill": p.dp_prefill, "ep_decode": p.ep_decode, "dp_decode": p.dp_decode,
+           "parallel_prefill": p.prefill_par.short, "parallel_decode": p.decode_par.short,
            "pp_decode": p.pp_decode, "link": p.link,
            "prefill_instances": p.prefill_instances, "decode_instances": p.decode_instances,
            "prefill_devices": p.prefill_devices, "decode_devices": p.decode_devices, "devices": p.devices,
@@ -104,7 +115,8 @@ def plan_json(p: Plan, shares: Sequence[float]) -> dict[str, Any]:
         out["simulation"] = {
             "requests": s.requests, "measured": s.measured, "arrivals": s.source, "span_s": s.span,
             "stopped_early": s.stopped, "utilization": s.utilization, "mean_decode_batch": s.mean_batch,
-            "ttft_met": s.ttft_met, "tpot_met": s.tpot_met,
+            "ttft_met": s.ttft_met, "tpot_met": s.tpot_met, "steady_state": s.steady, "ttft_drift": s.drift,
+            **{f"itl_p{q}_s": s.percentile("itl", q) for q in (50, 90, 99)},
             **{f"{what}_p{q}_s": s.percentile(what, q) for what in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}}
     if p.screen is not None:
         out["screen"] = {"devices": p.screen.devices, "prefill_instances": p.screen.prefill_instances,
@@ -132,10 +144,10 @@ def phase_rows(planner: Planner) -> list[list[str]]:
             top = max((c.devices for c in planner.configs(hw)), default=1)
             rows.append([hw.name, f"> {top} ({need / 1e9:.0f} GB)"] + ["-"] * 8)
             continue
-        pre = [dm.prefill(c.input, par.tp, c.cached, par.pp) for c in planner.mix]
+        pre = [dm.prefill(c.input, par, c.cached) for c in planner.mix]
         b_max = max(1, min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / planner.slot_tokens)))
-        one = dm.decode_step(1, planner.decode_context, par.tp, par.pp)
-        full = dm.decode_step(b_max, planner.decode_context, par.tp, par.pp)
+        one = dm.decode_step(1, planner.decode_context, par)
+        full = dm.decode_step(b_max, planner.decode_context, par)
         watts = par.devices * hw.power_watts if hw.power_watts else None
         mean_s = sum(c.share * p.seconds for c, p in zip(planner.mix, pre))
         mean_in = sum(c.share * c.input for c in planner.mix)

@@ -23,6 +23,8 @@ MAX_RESIZE = 6
 LIFETIMES = 10
 #: ... up to this many requests
 MAX_SEARCH_REQUESTS = 20_000
+#: whole-plan simulations span at least LIFETIMES request lifetimes too, up to this many requests (then a warning)
+MAX_WHOLE_REQUESTS = 60_000
 
 
 @dataclass(frozen=True)
@@ -53,26 +55,48 @@ class Search:
         self.progress = progress or (lambda _msg: None)
         self._capacity: dict[tuple, float] = {}
         self.simulations = 0
+        self.requests = requests
+        self.warnings: list[str] = []          # runs that did not reach steady state, or were cut short
+        self.budget_notes: list[str] = []      # why a plan leaves devices of --devices unused
+        self._whole: Stream = self.stream
 
     # -- simulated plans ---------------------------------------------------------------------------------
 
     def sim_plan(self, c: Choice, n_front: int, n_back: int = 0, only: str | None = None) -> SimPlan:
         pl = self.planner
         a = pl.assume
+        pdm, ddm = pl.devices[c.phw.name], pl.devices[c.dhw.name]
+        jitter = max(pdm.jitter, ddm.jitter)
         if c.mode == "aggregated":
-            return SimPlan(Pool(pl.devices[c.phw.name], c.ppar, n_front), chunk=a.chunk, max_batch=a.max_batch)
+            return SimPlan(Pool(pdm, c.ppar, n_front), chunk=a.chunk, max_batch=a.max_batch, jitter=jitter)
         if only == "decode":
-            return SimPlan(Pool(pl.devices[c.dhw.name], c.dpar, n_back), chunk=a.chunk, max_batch=a.max_batch,
-                           only="decode")
-        bw = min(c.ppar.tp, c.dpar.tp) * c.link.bandwidth * a.link_efficiency
-        decode = None if only == "prefill" else Pool(pl.devices[c.dhw.name], c.dpar, n_back)
-        return SimPlan(Pool(pl.devices[c.phw.name], c.ppar, n_front), decode, bw, c.link.latency, a.chunk,
-                       a.max_batch, only)
+            return SimPlan(Pool(ddm, c.dpar, n_back), chunk=a.chunk, max_batch=a.max_batch, only="decode",
+                           jitter=jitter)
+        bw = min(c.ppar.tp * c.ppar.dp, c.dpar.tp * c.dpar.dp) * c.link.bandwidth * a.link_efficiency
+        decode = None if only == "prefill" else Pool(ddm, c.dpar, n_back)
+        return SimPlan(Pool(pdm, c.ppar, n_front), decode, bw, c.link.latency, a.chunk, a.max_batch, only, jitter)
 
-    def run(self, plan: SimPlan, rate: float, stream: Stream | None = None, stop: bool = True) -> SimResult:
+    def run(self, plan: SimPlan, rate: float, stream: Stream | None = None, stop: bool = True,
+            life: float = 0.0) -> SimResult:
+        """One simulation: on ``stream``, or a whole-plan stream of at least --requests requests spanning
+        LIFETIMES lifetimes (``life`` seconds) of a request at ``rate``."""
         self.simulations += 1
-        return simulate(plan, stream or self.stream, rate, self.workload.slo,
-                        target=self.target if stop else None, seed=self.seed)
+        stream = stream or self.whole_stream(rate, life)
+        res = simulate(plan, stream, rate, self.workload.slo, target=self.target if stop else None, seed=self.seed)
+        res.stream = stream
+        return res
+
+    def whole_stream(self, rate: float, life: float) -> Stream:
+        need = min(MAX_WHOLE_REQUESTS, max(self.requests, math.ceil(LIFETIMES * rate * life)))
+        if need > len(self._whole):
+            self._whole = make_stream(self.workload, need, self.seed)
+        return self._whole.head(math.ceil(need / self.workload.turns))
+
+    def lifetime(self, c: Choice) -> float:
+        """A request's lifetime served alone: prefill (+ KV transfer) + decode."""
+        if c.mode == "aggregated":
+            return self.fluid(c, "both")[1]
+        return self.fluid(c, "prefill")[1] + self.fluid(c, "decode")[1]
 
     def fluid(self, c: Choice, role: str) -> tuple[float, float]:
         """An upper bound on the rate one instance of ``role`` carries (its work per request, with every
@@ -82,15 +106,14 @@ class Search:
         par = c.dpar if role == "decode" else c.ppar
         dm = pl.devices[c.dhw.name if role == "decode" else c.phw.name]
         chunk = pl.assume.chunk
-        t_cmp, t_mem = dm.gemm(chunk, par, kv_write=chunk)
-        per_token = (max(t_cmp, t_mem) + dm.comm(chunk, par)) / chunk
+        per_token = dm.pass_time(chunk, par, chunk) / chunk
         prefill = sum(c_.share * ((c_.input - c_.cached) * per_token + dm.prefill_attention(
-            (c_.input - c_.cached) * c_.cached + (c_.input - c_.cached) ** 2 / 2, c_.input, par.tp)) for c_ in mix)
-        alone_pre = sum(c_.share * dm.prefill(c_.input, par.tp, c_.cached, par.pp).seconds for c_ in mix)
+            (c_.input - c_.cached) * c_.cached + (c_.input - c_.cached) ** 2 / 2, c_.input, par)) for c_ in mix)
+        alone_pre = sum(c_.share * dm.prefill(c_.input, par, c_.cached).seconds for c_ in mix)
         b_max = max(1, min(pl.assume.max_batch, math.floor(dm.lane_tokens(par) / pl.slot_tokens)))
-        step_full = dm.decode_step(b_max, pl.decode_context, par.tp, par.pp).seconds
+        step_full = dm.decode_step(b_max, pl.decode_context, par).seconds
         decode = pl.mean_output * step_full / b_max
-        alone_dec = pl.mean_output * dm.decode_step(1, pl.decode_context, par.tp, par.pp).seconds
+        alone_dec = pl.mean_output * dm.decode_step(1, pl.decode_context, par).seconds
         work = {"both": prefill + decode, "prefill": prefill, "decode": decode}[role]
         life = {"both": alone_pre + alone_dec, "prefill": alone_pre, "decode": alone_dec}[role]
         return par.pp / work, life
@@ -100,7 +123,7 @@ class Search:
         attainment target: ``role`` "both" (aggregated), "prefill" (TTFT, KV transfer included) or "decode"
         (TPOT). Bisection in the rate from ``guess``, on the search stream, to RATE_TOLERANCE."""
         if role == "prefill":
-            key = (role, c.phw.name, c.ppar, c.link.name, c.dpar.tp)
+            key = (role, c.phw.name, c.ppar, c.link.name, c.dpar.tp * c.dpar.dp)
         elif role == "decode":
             key = (role, c.dhw.name, c.dpar)
         else:
@@ -238,11 +261,13 @@ class Search:
                 if n < 1:
                     return None
                 rate = n * cap
+                self._budget_note(c, n)
             else:
                 n, rate = max(1, math.ceil(wl.rate / cap)), wl.rate
             return self._verify(c, [n, 0], rate, screen)
-        p_cap = self.instance_capacity(c, "prefill", wl.rate / max(1, screen.prefill_instances))
-        d_cap = self.instance_capacity(c, "decode", wl.rate / max(1, screen.decode_instances))
+        a = self.planner.assume
+        p_cap = self.instance_capacity(c, "prefill", wl.rate / max(1, screen.prefill_instances)) * a.prefill_headroom
+        d_cap = self.instance_capacity(c, "decode", wl.rate / max(1, screen.decode_instances)) * a.decode_headroom
         if p_cap <= 0 or d_cap <= 0:
             return None
         if self.devices:
@@ -252,7 +277,36 @@ class Search:
             n_p, n_d, rate = found
         else:
             n_p, n_d, rate = max(1, math.ceil(wl.rate / p_cap)), max(1, math.ceil(wl.rate / d_cap)), wl.rate
+        self._budget_note(c, n_p, n_d, p_cap, d_cap)
         return self._verify(c, [n_p, n_d], rate, screen)
+
+    def headroom(self, c: Choice, counts: list[int]) -> float:
+        """The share of the highest simulated rate a plan is run at: 1 aggregated; disaggregated, the headroom
+        of the pool that limits it (Assumptions.prefill_headroom, decode_headroom: the rate matching of two
+        pools, docs/plan.md)."""
+        if c.mode == "aggregated":
+            return 1.0
+        a = self.planner.assume
+        p = counts[0] * self.instance_capacity(c, "prefill", 1.0)
+        d = counts[1] * self.instance_capacity(c, "decode", 1.0)
+        return a.prefill_headroom if p * a.prefill_headroom <= d * a.decode_headroom else a.decode_headroom
+
+    def _budget_note(self, c: Choice, n_p: int, n_d: int = 0, p_cap: float = 0.0, d_cap: float = 0.0) -> None:
+        """Why a plan on --devices leaves devices unused (noted once per choice)."""
+        if not self.devices:
+            return
+        used = n_p * c.ppar.devices + n_d * (c.dpar.devices if c.mode == "disaggregated" else 0)
+        left = self.devices - used
+        if left <= 0:
+            return
+        if c.mode == "aggregated":
+            why = f"an instance of {c.ppar.label} takes {c.ppar.devices}"
+        else:
+            limit, need = (("prefill", c.ppar.devices) if n_p * p_cap <= n_d * d_cap else ("decode", c.dpar.devices))
+            why = (f"one more {limit} instance (the pool that limits the rate) takes {need}" if need > left else
+                   "the other pool would idle: more instances of it do not raise the rate")
+        label = c.ppar.label if c.mode == "aggregated" else f"P {n_p} x {c.ppar.label} + D {n_d} x {c.dpar.label}"
+        self.budget_notes.append(f"{c.mode} {label} uses {used} of {self.devices} devices: {why}")
 
     def _highest_rate(self, c: Choice, counts: list[int], rate: float) -> float:
         """The highest rate the whole plan serves within the SLO, from one instance's capacity times the
@@ -263,7 +317,7 @@ class Search:
         def ok(r: float) -> bool:
             if not self.stable(c, counts, r):
                 return False
-            res = self.run(plan, r)
+            res = self.run(plan, r, life=self.lifetime(c))
             return not res.stopped and res.attainment >= self.target - 1e-9
 
         lo, hi = (rate, None) if ok(rate) else (None, rate)
@@ -300,8 +354,9 @@ class Search:
         """Simulate the whole plan; where it misses the SLO, grow the pool that misses and try again; where it
         meets with a pool of one instance fewer, take that. With fixed devices: the highest rate it serves."""
         if self.devices:
-            rate = self._highest_rate(c, counts, rate)
-        res = self.run(self.sim_plan(c, *counts), rate, stop=False)
+            rate = self._highest_rate(c, counts, rate) * self.headroom(c, counts)
+        life = self.lifetime(c)
+        res = self.run(self.sim_plan(c, *counts), rate, stop=False, life=life)
         for _ in range(MAX_RESIZE):
             if res.attainment >= self.target - 1e-9:
                 break
@@ -311,7 +366,7 @@ class Search:
                 counts[0] += 1
             else:
                 counts[1] += 1
-            res = self.run(self.sim_plan(c, *counts), rate, stop=False)
+            res = self.run(self.sim_plan(c, *counts), rate, stop=False, life=life)
         if res.attainment >= self.target - 1e-9 and not self.devices:
             for i in (0, 1):
                 if counts[i] > 1:
@@ -319,15 +374,28 @@ class Search:
                     fewer[i] -= 1
                     if not self.stable(c, fewer, rate):
                         continue
-                    trial = self.run(self.sim_plan(c, *fewer), rate, stop=False)
+                    trial = self.run(self.sim_plan(c, *fewer), rate, stop=False, life=life)
                     if trial.attainment >= self.target - 1e-9:
                         counts, res = fewer, trial
+        self.check_steady(c, res, rate, life)
         return self.to_plan(c, counts, rate, res, screen)
+
+    def check_steady(self, c: Choice, res: SimResult, rate: float, life: float) -> None:
+        """A warning where the whole-plan run did not reach a steady state (the TTFT still drifting up), or
+        could not span LIFETIMES request lifetimes within MAX_WHOLE_REQUESTS."""
+        label = c.ppar.label if c.mode == "aggregated" else f"P {c.ppar.label} -> D {c.dpar.label}"
+        span = res.requests / rate if rate > 0 else 0.0
+        if life > 0 and span < LIFETIMES * life:
+            self.warnings.append(f"{c.mode} {label}: {res.requests:,} requests span {span / life:.1f} request "
+                                 f"lifetimes (< {LIFETIMES}); its figures may not be those of a steady state")
+        if not res.steady:
+            self.warnings.append(f"{c.mode} {label}: not in steady state after {res.requests:,} requests (mean TTFT "
+                                 f"of the last third of requests {res.drift:.2f}x the first third's); the queue is "
+                                 "still growing at this rate")
 
     def to_plan(self, c: Choice, counts: list[int], rate: float, res: SimResult, screen: Plan) -> Plan:
         wl, pl = self.workload, self.planner
-        plan = Plan(c.mode, c.phw.name, c.dhw.name, c.ppar.tp, c.dpar.tp, c.link.name if c.link else None,
-                    c.ppar.pp, c.dpar.pp)
+        plan = Plan.of(c.mode, c.phw.name, c.dhw.name, c.ppar, c.dpar, c.link.name if c.link else None)
         plan.sim, plan.screen = res, screen
         plan.rate = rate
         if c.mode == "aggregated":
@@ -341,7 +409,7 @@ class Search:
         plan.attainment_target = self.target
         plan.attainment = res.attainment
         plan.meets = res.attainment >= self.target - 1e-9
-        stream = self.stream
+        stream = res.stream
         ok = (res.ttft <= wl.slo.ttft) & (res.tpot <= wl.slo.tpot)
         # each measured request stands for 1/n of the offered rate; count the tokens of those meeting the SLO
         n = max(1, len(ok))

@@ -137,13 +137,14 @@ class SimPlan:
     chunk: int = 8192
     max_batch: int = 512
     only: str | None = None
+    jitter: float = 0.0      # coefficient of variation of a step's time (measured spread), for the ITL percentiles
 
 
 class _Lane:
     """One lane: the scheduler state of an instance's micro-batch pipeline slot."""
     __slots__ = ("role", "dm", "tp", "par", "waiting", "pre", "heap", "b", "steps", "ctx", "kv", "siblings",
                  "state", "version", "t0", "seg_a", "seg_q", "seg_k", "pieces", "busy",
-                 "link_free", "pending", "cf", "wr", "kw", "comm1", "comm2", "comm_pp", "moe", "kappa", "index")
+                 "link_free", "pending", "kw", "passes", "kappa", "index")
 
     def __init__(self, role: int, pool: Pool, index: int, max_batch: int, kv: list[int]) -> None:
         dm, par = pool.dm, pool.par
@@ -162,27 +163,25 @@ class _Lane:
         self.busy = 0.0
         self.link_free = 0.0
         self.pending = 0                       # prompt tokens queued or in prefill here (routing)
-        # the constant pieces of an iteration's time (DeviceModel.gemm and .comm, unrolled for speed)
-        self.cf = 2.0 * dm.params.matmul / (par.tp * dm.compute.value)
-        self.wr = dm.weight_bytes / (par.tp * dm.memory.value)
-        self.kw = dm.kv_per_token / (par.tp * dm.memory.value)
-        self.moe = dm.model.moe is not None
-        self.comm1, self.comm2, self.comm_pp = dm.comm_lines(par)
+        self.kw = dm.kv_write_seconds(par)
+        self.passes: dict[int, tuple[float, float, float]] = {}
         self.kappa: dict[tuple[int, int], float] = {}
 
     def gemm(self, n: int, c: int) -> float:
-        """A pass over ``n`` tokens of which ``c`` are prompt tokens (whose KV is written)."""
-        wr = self.dm.weights_read(n) / (self.tp * self.dm.memory.value) if self.moe else self.wr
-        a1, b1 = self.comm1
-        a2, b2 = self.comm2
-        a3, b3 = self.comm_pp
-        return max(n * self.cf, wr + c * self.kw) + min(a1 + b1 * n, a2 + b2 * n) + a3 + b3 * n
+        """A pass over ``n`` tokens of which ``c`` are prompt tokens (whose KV is written): everything but
+        attention over the cache (DeviceModel.pass_time, memoized per lane)."""
+        found = self.passes.get(n)
+        if found is None:
+            found = self.passes[n] = self.dm.pass_parts(n, self.par)
+        a, b, extra = found
+        b += c * self.kw
+        return (a if a > b else b) + extra
 
     def kv_per_token(self, b: int, avg: float) -> float:
         key = (b, int(avg) >> 5)
         found = self.kappa.get(key)
         if found is None:
-            found = self.dm.kv_seconds_per_token(b, avg, self.tp)[0]
+            found = self.dm.kv_seconds_per_token(b, avg, self.par)[0]
             self.kappa[key] = found
         return found
 
@@ -209,10 +208,16 @@ class SimResult:
     stopped: bool = False            # stopped early: the attainment target could no longer be reached
     source: str = ""
     index: list[int] = field(default_factory=list)                 # the measured requests, in stream order
+    itl: Any = None                  # (seconds, weight) arrays: per-token inter-token latencies (ITL) of decode lanes
+    steady: bool = True              # whether the run reached a steady state (docs/plan.md, "Steady state")
+    drift: float = 1.0               # mean TTFT of the last third of the measured requests over the first third
+    stream: Any = None               # the requests simulated (set by the caller that keeps it)
 
     def percentile(self, what: str, q: float) -> float:
         import numpy as np
 
+        if what == "itl":
+            return _weighted_percentile(self.itl, q)
         values = getattr(self, what)
         return float(np.percentile(values, q)) if len(values) else math.inf
 
@@ -226,175 +231,199 @@ class SimResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# The event loop
+# The event loop: arrivals, batching (admission), iterations and runs of them, KV transfers, metrics
 # ---------------------------------------------------------------------------------------------
+
+_ARRIVE, _KV, _END = 0, 1, 2
+#: drift of the mean TTFT (last third of the measured requests over the first third) beyond which a run is
+#: reported as not in steady state
+STEADY_DRIFT = 1.5
+
 
 def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: float | None = None,
              seed: int = 0) -> SimResult:
     """Simulate ``stream`` offered at ``rate`` requests per second to ``plan``. With ``target`` (an attainment
     fraction) the simulation stops as soon as more measured requests missed the SLO than the target allows
     (the result's attainment is then an upper bound below the target, ``stopped`` True)."""
-    import numpy as np
+    sim = _Simulation(plan, stream, rate, slo, target, seed)
+    sim.run()
+    return sim.result()
 
-    n = len(stream)
-    inp, cached, out = stream.input, stream.cached, stream.output
-    first_of, next_turn, think = stream.first_of, stream.next_turn, stream.think
-    scale = stream.unit_rate / rate
-    arrival = [math.nan] * n
-    first = [math.nan] * n
-    finish = [math.nan] * n
-    # the measured window: conversations between the warm-up and the drain, by arrival order
-    firsts = sorted({f for f in first_of})
-    lo_c, hi_c = firsts[int(WARMUP * len(firsts))], firsts[min(len(firsts) - 1, int((1 - WARMUP) * len(firsts)))]
-    measured = [lo_c <= first_of[r] < hi_c or (len(firsts) < 3) for r in range(n)]
-    n_measured = sum(measured)
-    allowed = math.inf if target is None else (1.0 - target) * n_measured
-    misses = 0
-    stopped = False
-    slo_ttft, slo_tpot = slo.ttft, slo.tpot
 
-    only = plan.only
-    disagg = plan.decode is not None or only == "prefill"
-    role = {None: _PREFILL if disagg else _BOTH, "prefill": _PREFILL, "decode": _DECODE}[only]
-    front = _lanes(role, plan.prefill, plan.max_batch)
-    back = _lanes(_DECODE, plan.decode, plan.max_batch) if plan.decode is not None and only is None else []
-    chunk, max_batch = plan.chunk, plan.max_batch
-    rng = random.Random(seed)
-    home: dict[int, _Lane] = {}              # conversation -> the lane of its previous turn (prefix cache affinity)
-    home_back: dict[int, _Lane] = {}
+class _Simulation:
+    """One simulation's state; each part of the loop is a method: arrivals (:meth:`on_arrival`), batching
+    (:meth:`admit`), iterations and closed-form runs of them (:meth:`start`, :meth:`plan_run`,
+    :meth:`interrupt`, :meth:`on_end`), KV transfers (:meth:`transfer`, :meth:`on_kv`) and metrics
+    (:meth:`finish_request`, :meth:`account`, :meth:`result`)."""
 
-    events: list[tuple] = []
-    seq = 0
-    # first turns in order: cumulative gaps
-    t = 0.0
-    ci = 0
-    for r in range(n):
-        if r == first_of[r]:
-            t += stream.gaps[ci] * scale
-            ci += 1
-            arrival[r] = t
-            events.append((t, 0, seq, r, None))
-            seq += 1
-    heapq.heapify(events)
-    # the measured window in time: from the first to the last measured conversation's first arrival
-    win_lo = min((arrival[r] for r in range(n) if measured[r] and r == first_of[r]), default=0.0)
-    win_hi = max((arrival[r] for r in range(n) if measured[r] and r == first_of[r]), default=0.0)
-    batch_area = [0.0]                       # integral of the decode batch over the window, all decode lanes
+    def __init__(self, plan: SimPlan, stream: Stream, rate: float, slo: SLO, target: float | None,
+                 seed: int) -> None:
+        n = len(stream)
+        self.plan, self.stream, self.rate, self.slo, self.n = plan, stream, rate, slo, n
+        self.inp, self.cached, self.out = stream.input, stream.cached, stream.output
+        self.arrival, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        firsts = sorted(set(stream.first_of))
+        lo_c = firsts[int(WARMUP * len(firsts))]
+        hi_c = firsts[min(len(firsts) - 1, int((1 - WARMUP) * len(firsts)))]
+        self.measured = [lo_c <= stream.first_of[r] < hi_c or (len(firsts) < 3) for r in range(n)]
+        self.allowed = math.inf if target is None else (1.0 - target) * sum(self.measured)
+        self.misses, self.stopped, self.last = 0, False, 0.0
+        self.only = plan.only
+        self.disagg = plan.decode is not None or self.only == "prefill"
+        role = {None: _PREFILL if self.disagg else _BOTH, "prefill": _PREFILL, "decode": _DECODE}[self.only]
+        self.front = _lanes(role, plan.prefill, plan.max_batch)
+        self.back = _lanes(_DECODE, plan.decode, plan.max_batch) if plan.decode is not None and self.only is None \
+            else []
+        self.rng = random.Random(seed)
+        self.home: dict[int, _Lane] = {}      # conversation -> the lane of its previous turn (prefix cache affinity)
+        self.home_back: dict[int, _Lane] = {}
+        self.events: list[tuple] = []
+        self.seq = 0
+        self.batch_area = 0.0                 # integral of the decode batch over the window, all decode lanes
+        self.itl: list[tuple[float, float]] = []   # (step seconds, tokens generated at that step time)
+        self.schedule_arrivals()
 
-    def account(b: int, t0: float, t1: float) -> None:
-        lo, hi = (t0 if t0 > win_lo else win_lo), (t1 if t1 < win_hi else win_hi)
-        if hi > lo:
-            batch_area[0] += b * (hi - lo)
+    # -- arrivals ------------------------------------------------------------------------------------
 
-    def need(r: int) -> int:
-        return inp[r] + out[r]
+    def schedule_arrivals(self) -> None:
+        """Every conversation's first turn at the cumulative scaled gaps; the measured window in time."""
+        st, scale = self.stream, self.stream.unit_rate / self.rate
+        t, ci = 0.0, 0
+        for r in range(self.n):
+            if r == st.first_of[r]:
+                t += st.gaps[ci] * scale
+                ci += 1
+                self.arrival[r] = t
+                self.events.append((t, _ARRIVE, self.seq, r, None))
+                self.seq += 1
+        heapq.heapify(self.events)
+        starts = [self.arrival[r] for r in range(self.n) if self.measured[r] and r == st.first_of[r]]
+        self.win_lo, self.win_hi = (min(starts), max(starts)) if starts else (0.0, 0.0)
 
-    def pick(pool: list[_Lane], key) -> _Lane:
+    def push(self, t: float, kind: int, x: Any, version: int | None = None) -> None:
+        heapq.heappush(self.events, (t, kind, self.seq, x, version))
+        self.seq += 1
+
+    def pick(self, pool: list[_Lane], key) -> _Lane:
+        """Join the shortest queue (up to JSQ_LANES lanes), else the better of two lanes drawn at random."""
         if len(pool) <= JSQ_LANES:
             return min(pool, key=key)
-        a, b = rng.choice(pool), rng.choice(pool)
+        a, b = self.rng.choice(pool), self.rng.choice(pool)
         return a if key(a) <= key(b) else b
 
-    def finish_request(lane: _Lane | None, r: int, now: float, ttft_only: bool = False) -> None:
-        """The request's last token at ``now``: its KV room on ``lane`` is freed (None: it held none)."""
-        nonlocal misses, stopped, seq
-        finish[r] = now
-        if lane is not None:
-            lane.kv[0] -= need(r)
-            for sib in lane.siblings:       # room freed for the instance's other lanes
-                if sib.state == _IDLE and sib.waiting:
-                    start(sib, now)
-        if measured[r]:
-            o = out[r]
-            tp = (now - first[r]) / (o - 1) if o > 1 and not ttft_only else 0.0
-            if first[r] - arrival[r] > slo_ttft or tp > slo_tpot:
-                misses += 1
-                if misses > allowed:
-                    stopped = True
-        nt = next_turn[r]
-        if nt >= 0:
-            arrival[nt] = now + think[nt]
-            heapq.heappush(events, (arrival[nt], 0, seq, nt, None))
-            seq += 1
+    def on_arrival(self, r: int, now: float) -> None:
+        """A request at the front door (or, simulating a decode pool alone, arriving with its KV cache)."""
+        conv, st = self.stream.first_of[r], self.stream
+        if self.only == "decode":
+            self.first[r] = now
+            if self.out[r] <= 1:
+                self.finish_request(None, r, now)
+                return
+            lane = self.home.get(conv) or self.pick(self.front, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
+        else:
+            lane = self.home.get(conv) or self.pick(self.front, lambda ln: (ln.pending, ln.b))
+            lane.pending += self.inp[r] - self.cached[r]
+        if st.next_turn[r] >= 0:
+            self.home[conv] = lane
+        else:
+            self.home.pop(conv, None)
+        self.arrive(lane, r, now)
 
-    def admit(lane: _Lane) -> None:
-        w = lane.waiting
+    def arrive(self, lane: _Lane, r: int, now: float) -> None:
+        lane.waiting.append(r)
+        if lane.state == _IDLE:
+            self.start(lane, now)
+        elif lane.state == _SEG:
+            self.interrupt(lane, now)
+
+    # -- batching --------------------------------------------------------------------------------------
+
+    def admit(self, lane: _Lane) -> None:
+        """FCFS admission while the batch has room and the KV room holds the request's whole context
+        (a prefill lane: its prompt, held until its KV cache has left)."""
+        w, kv, inp, out = lane.waiting, lane.kv, self.inp, self.out
+        cap = self.plan.max_batch
         if lane.role == _DECODE:
-            kv = lane.kv
-            while w and lane.b < max_batch and kv[0] + need(w[0]) <= kv[1]:
+            while w and lane.b < cap and kv[0] + inp[w[0]] + out[w[0]] <= kv[1]:
                 r = w.popleft()
-                kv[0] += need(r)
+                kv[0] += inp[r] + out[r]
                 heapq.heappush(lane.heap, (lane.steps + out[r] - 1, r))
                 lane.b += 1
                 lane.ctx += inp[r] + 1
-        elif lane.role == _BOTH:
-            kv = lane.kv
-            while w and len(lane.pre) + lane.b < max_batch and kv[0] + need(w[0]) <= kv[1]:
-                r = w.popleft()
-                kv[0] += need(r)
-                lane.pre.append([r, inp[r] - cached[r]])
-        else:
-            kv = lane.kv
-            while w and kv[0] + inp[w[0]] <= kv[1]:
-                r = w.popleft()
-                kv[0] += inp[r]
-                lane.pre.append([r, inp[r] - cached[r]])
+            return
+        both = lane.role == _BOTH
+        while w and (not both or len(lane.pre) + lane.b < cap) and \
+                kv[0] + inp[w[0]] + (out[w[0]] if both else 0) <= kv[1]:
+            r = w.popleft()
+            kv[0] += inp[r] + (out[r] if both else 0)
+            lane.pre.append([r, inp[r] - self.cached[r]])
 
-    def start(lane: _Lane, now: float) -> None:
-        """Plan the lane's next iteration (prompts waiting) or run of decode steps, from ``now``."""
-        nonlocal seq
-        admit(lane)
+    # -- iterations ------------------------------------------------------------------------------------
+
+    def start(self, lane: _Lane, now: float) -> None:
+        """Plan the lane's next iteration or run of iterations from ``now``: a run of decode steps to the next
+        request's finish, a run of full prompt chunks (with the decode batch) to the end of the prompt's full
+        chunks or the next finish, or one mixed iteration."""
+        self.admit(lane)
         lane.version += 1
-        if lane.pre:
-            b = lane.b
-            budget = max(1, chunk - b)
-            pieces = []
-            tokens = 0
-            attn = 0.0
-            dm = lane.dm
-            for entry in lane.pre:
-                if budget <= 0:
-                    break
-                r, todo = entry
-                c = todo if todo < budget else budget
-                done = inp[r] - todo                 # tokens of the context already in the cache
-                pairs = c * done + c * (c + 1) / 2
-                attn += dm.prefill_attention(pairs, inp[r], lane.tp)
-                pieces.append((entry, c))
-                tokens += c
-                budget -= c
-            tau = lane.gemm(b + tokens, tokens) + attn
-            if b:
-                tau += lane.kv_per_token(b, lane.ctx / b) * lane.ctx
-            lane.pieces = pieces
-            lane.state = _MIXED
-            lane.t0 = now
-            lane.busy += tau
-            if b and lane.role != _PREFILL:
-                account(b, now, now + tau)
-            heapq.heappush(events, (now + tau, 2, seq, lane, lane.version))
-            seq += 1
-        elif lane.b:
-            b = lane.b
-            k = lane.heap[0][0] - lane.steps            # steps until the next request finishes
-            A = lane.gemm(b, 0)
-            kappa = lane.kv_per_token(b, lane.ctx / b)
-            # step i of the run takes A + kappa (C0 + i b): k steps take k a + q k (k - 1)
-            lane.seg_a = A + kappa * lane.ctx
-            lane.seg_q = kappa * b / 2
-            lane.seg_k = k
-            lane.t0 = now
-            lane.state = _SEG
-            dur = k * lane.seg_a + lane.seg_q * k * (k - 1)
-            heapq.heappush(events, (now + dur, 2, seq, lane, lane.version))
-            seq += 1
+        budget = max(1, self.plan.chunk - lane.b)
+        if lane.pre and lane.pre[0][1] < 2 * budget:        # the first prompt takes the whole budget otherwise
+            self.mixed(lane, now, budget)
+        elif lane.pre or lane.b:
+            self.plan_run(lane, now, budget)
         else:
             lane.state = _IDLE
 
-    def interrupt(lane: _Lane, now: float) -> None:
-        """A request arrived at a lane in a run of decode steps: end the run at the first step boundary at
-        or after ``now`` so that the next iteration can take it."""
-        nonlocal seq
+    def mixed(self, lane: _Lane, now: float, budget: int) -> None:
+        """One iteration: the decode batch plus prompt chunks up to the token budget, FCFS."""
+        pieces, tokens, attn, inp = [], 0, 0.0, self.inp
+        for entry in lane.pre:
+            if budget <= 0:
+                break
+            r, todo = entry
+            c = todo if todo < budget else budget
+            done = inp[r] - todo                 # tokens of the context already in the cache
+            attn += lane.dm.prefill_attention(c * done + c * (c + 1) / 2, inp[r], lane.par)
+            pieces.append((entry, c))
+            tokens += c
+            budget -= c
+        b = lane.b
+        tau = lane.gemm(b + tokens, tokens) + attn + (lane.kv_per_token(b, lane.ctx / b) * lane.ctx if b else 0.0)
+        lane.pieces, lane.state, lane.t0, lane.seg_k = pieces, _MIXED, now, 1
+        lane.seg_a, lane.seg_q = tau, 0.0
+        self.push(now + tau, _END, lane, lane.version)
+
+    def plan_run(self, lane: _Lane, now: float, budget: int) -> None:
+        """k iterations that differ only linearly (the decode context grows by b per step; a prompt's chunk
+        attends to c more cached tokens each time): step i takes a + 2 q i, k steps k a + q k (k - 1)."""
+        b, k = lane.b, math.inf
+        a = 0.0
+        q2 = 0.0                                 # growth of a step's time per step (2 q)
+        if b:
+            kappa = lane.kv_per_token(b, lane.ctx / b)
+            a += kappa * lane.ctx
+            q2 += kappa * b
+            k = lane.heap[0][0] - lane.steps     # steps until the next request finishes
+        if lane.pre:
+            entry = lane.pre[0]
+            r, todo = entry
+            c = budget
+            k = min(k, todo // c - 1)            # full chunks, leaving the last (partial) one to a mixed iteration
+            done = self.inp[r] - todo
+            unit = lane.dm.prefill_attention(1.0, self.inp[r], lane.par)
+            a += lane.gemm(b + c, c) + unit * (c * done + c * (c + 1) / 2)
+            q2 += unit * c * c
+            lane.pieces = [(entry, c)]
+        else:
+            a += lane.gemm(b, 0)
+            lane.pieces = []
+        k = max(1, int(k))
+        lane.seg_a, lane.seg_q, lane.seg_k, lane.t0, lane.state = a, q2 / 2, k, now, _SEG
+        self.push(now + k * a + q2 / 2 * k * (k - 1), _END, lane, lane.version)
+
+    def interrupt(self, lane: _Lane, now: float) -> None:
+        """A request arrived at a lane in a run: end the run at the first step boundary at or after ``now``
+        so that the next iteration can take it."""
         a, q, k0 = lane.seg_a, lane.seg_q, lane.seg_k
         dt = now - lane.t0
         if q > 0:
@@ -406,123 +435,190 @@ def simulate(plan: SimPlan, stream: Stream, rate: float, slo: SLO, *, target: fl
             return
         lane.seg_k = k
         lane.version += 1
-        heapq.heappush(events, (lane.t0 + k * a + q * k * (k - 1), 2, seq, lane, lane.version))
-        seq += 1
+        self.push(lane.t0 + k * a + q * k * (k - 1), _END, lane, lane.version)
 
-    def arrive(lane: _Lane, r: int, now: float) -> None:
-        lane.waiting.append(r)
-        if lane.state == _IDLE:
-            start(lane, now)
-        elif lane.state == _SEG:
-            interrupt(lane, now)
+    def on_end(self, lane: _Lane, now: float) -> None:
+        """A lane's iteration or run of k iterations ended: decode tokens generated, chunks done, prompts that
+        completed start decoding (aggregated) or send their KV cache (disaggregated)."""
+        k, b = lane.seg_k, lane.b
+        lane.busy += k * lane.seg_a + lane.seg_q * k * (k - 1)
+        if b:
+            self.account(lane, b, lane.t0, now, k)
+            lane.steps += k
+            lane.ctx += b * k
+            self.finish_due(lane, now)
+        for entry, c in lane.pieces:
+            entry[1] -= c * k
+            lane.pending -= c * k
+            if entry[1] == 0:
+                lane.pre.remove(entry)
+                self.prompt_done(lane, entry[0], now)
+        lane.pieces = []
+        lane.state = _IDLE
+        self.start(lane, now)
 
-    last = 0.0
-    while events and not stopped:
-        now, kind, _, x, version = heapq.heappop(events)
-        if kind == 0 and only == "decode":                    # a request arrives with its KV cache
-            first[x] = now
-            if out[x] <= 1:
-                finish_request(None, x, now)
-                continue
-            conv = first_of[x]
-            lane = home.get(conv) or pick(front, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
-            if next_turn[x] >= 0:
-                home[conv] = lane
-            arrive(lane, x, now)
-        elif kind == 0:                                       # a request at the front door
-            r = x
-            conv = first_of[r]
-            lane = home.get(conv)
-            if lane is None:
-                lane = pick(front, lambda ln: (ln.pending, ln.b))
-            if next_turn[r] >= 0:
-                home[conv] = lane
-            else:
-                home.pop(conv, None)
-            lane.pending += inp[r] - cached[r]
-            arrive(lane, r, now)
-        elif kind == 1:                                       # KV cache arrived at the decode pool
-            r, src = x
-            src.kv[0] -= inp[r]
-            for ln in (src, *src.siblings):
-                if ln.state == _IDLE and ln.waiting:
-                    start(ln, now)
-            first[r] = now
-            if out[r] <= 1 or only == "prefill":
-                finish[r] = now
-                finish_request(None, r, now, ttft_only=only == "prefill")
-                continue
-            conv = first_of[r]
-            lane = home_back.get(conv) or pick(back, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
-            if next_turn[r] >= 0:
-                home_back[conv] = lane
-            else:
-                home_back.pop(conv, None)
-            arrive(lane, r, now)
-        else:                                                 # a lane's iteration or run of steps ended
-            lane = x
-            if version != lane.version:
-                continue
-            last = now
-            if lane.state == _MIXED:
-                b = lane.b
-                if b:
-                    lane.steps += 1
-                    lane.ctx += b
-                    _finish_due(lane, now, inp, out, finish_request)
-                for entry, c in lane.pieces:
-                    entry[1] -= c
-                    lane.pending -= c
-                    if entry[1] == 0:
-                        r = entry[0]
-                        lane.pre.remove(entry)
-                        if lane.role == _PREFILL:
-                            x_time = inp[r] * lane.dm.kv_per_token / plan.link_bandwidth + plan.link_latency
-                            begin = now if now > lane.link_free else lane.link_free
-                            lane.link_free = begin + x_time
-                            heapq.heappush(events, (lane.link_free, 1, seq, (r, lane), None))
-                            seq += 1
-                            continue
-                        first[r] = now
-                        if out[r] <= 1:
-                            finish_request(lane, r, now)
-                            continue
-                        heapq.heappush(lane.heap, (lane.steps + out[r] - 1, r))
-                        lane.b += 1
-                        lane.ctx += inp[r] + 1
-                lane.pieces = []
-            elif lane.state == _SEG:
-                k = lane.seg_k
-                dur = k * lane.seg_a + lane.seg_q * k * (k - 1)
-                lane.busy += dur
-                account(lane.b, lane.t0, now)
-                lane.steps += k
-                lane.ctx += lane.b * k
-                _finish_due(lane, now, inp, out, finish_request)
-            lane.state = _IDLE
-            start(lane, now)
+    def prompt_done(self, lane: _Lane, r: int, now: float) -> None:
+        if lane.role == _PREFILL:
+            self.transfer(lane, r, now)
+            return
+        self.first[r] = now
+        if self.out[r] <= 1:
+            self.finish_request(lane, r, now)
+            return
+        heapq.heappush(lane.heap, (lane.steps + self.out[r] - 1, r))
+        lane.b += 1
+        lane.ctx += self.inp[r] + 1
 
-    start_t = min((a for a in arrival if a == a), default=0.0)
-    span = max(last, max((f for f in finish if f == f), default=0.0)) - start_t
-    idx = [r for r in range(n) if measured[r]]
-    ttft = np.array([first[r] - arrival[r] if first[r] == first[r] else math.inf for r in idx])
-    tpot = np.array([((finish[r] - first[r]) / (out[r] - 1) if out[r] > 1 and only != "prefill" else 0.0)
-                     if finish[r] == finish[r] else math.inf for r in idx])
-    e2e = np.array([finish[r] - arrival[r] if finish[r] == finish[r] else math.inf for r in idx])
-    ok = (ttft <= slo_ttft) & (tpot <= slo_tpot)
-    util = {}
-    pools = {None: (("prefill", front), ("decode", back)) if disagg else (("both", front),),
-             "prefill": (("prefill", front),), "decode": (("decode", front),)}[only]
-    for name, pool in pools:
-        if pool and span > 0:
-            util[name] = min(1.0, sum(ln.busy for ln in pool) / (len(pool) * span))
-    dec_lanes = back if disagg and only is None else front
-    mean_batch = batch_area[0] / (win_hi - win_lo) / len(dec_lanes) if dec_lanes and win_hi > win_lo else 0.0
-    return SimResult(ttft=ttft, tpot=tpot, e2e=e2e, slo=slo, attainment=float(ok.mean()) if len(idx) else 0.0,
-                     requests=n, measured=len(idx), rate=rate, span=span,
-                     output_tokens=int(sum(out[r] for r in idx if finish[r] == finish[r])), utilization=util,
-                     mean_batch=mean_batch, stopped=stopped,
-                     source=stream.source, index=idx)
+    def finish_due(self, lane: _Lane, now: float) -> None:
+        heap, inp, out = lane.heap, self.inp, self.out
+        while heap and heap[0][0] <= lane.steps:
+            _, r = heapq.heappop(heap)
+            lane.b -= 1
+            lane.ctx -= inp[r] + out[r]
+            self.finish_request(lane, r, now)
+
+    # -- KV transfers ----------------------------------------------------------------------------------
+
+    def transfer(self, lane: _Lane, r: int, now: float) -> None:
+        """The prompt's KV cache over the link, FIFO per prefill lane."""
+        x_time = self.inp[r] * lane.dm.kv_per_token / self.plan.link_bandwidth + self.plan.link_latency
+        begin = now if now > lane.link_free else lane.link_free
+        lane.link_free = begin + x_time
+        self.push(lane.link_free, _KV, (r, lane))
+
+    def on_kv(self, r: int, src: _Lane, now: float) -> None:
+        """The KV cache arrived at the decode pool: the prefill lane's room is freed, the request decodes."""
+        src.kv[0] -= self.inp[r]
+        for ln in (src, *src.siblings):
+            if ln.state == _IDLE and ln.waiting:
+                self.start(ln, now)
+        self.first[r] = now
+        if self.out[r] <= 1 or self.only == "prefill":
+            self.finish_request(None, r, now, ttft_only=self.only == "prefill")
+            return
+        conv = self.stream.first_of[r]
+        lane = self.home_back.get(conv) or self.pick(self.back, lambda ln: (ln.b + len(ln.waiting), ln.kv[0]))
+        if self.stream.next_turn[r] >= 0:
+            self.home_back[conv] = lane
+        else:
+            self.home_back.pop(conv, None)
+        self.arrive(lane, r, now)
+
+    # -- metrics ---------------------------------------------------------------------------------------
+
+    def finish_request(self, lane: _Lane | None, r: int, now: float, ttft_only: bool = False) -> None:
+        """The request's last token at ``now``: its KV room on ``lane`` is freed (None: it held none); the SLO
+        judged; the conversation's next turn scheduled."""
+        self.finish[r] = now
+        if lane is not None:
+            lane.kv[0] -= self.inp[r] + self.out[r]
+            for sib in lane.siblings:       # room freed for the instance's other lanes
+                if sib.state == _IDLE and sib.waiting:
+                    self.start(sib, now)
+        if self.measured[r]:
+            o = self.out[r]
+            tp = (now - self.first[r]) / (o - 1) if o > 1 and not ttft_only else 0.0
+            if self.first[r] - self.arrival[r] > self.slo.ttft or tp > self.slo.tpot:
+                self.misses += 1
+                if self.misses > self.allowed:
+                    self.stopped = True
+        nt = self.stream.next_turn[r]
+        if nt >= 0:
+            self.arrival[nt] = now + self.stream.think[nt]
+            self.push(self.arrival[nt], _ARRIVE, nt)
+
+    def account(self, lane: _Lane, b: int, t0: float, t1: float, k: int) -> None:
+        """The decode batch over the measured window (Little's law), and the run's step times as per-token
+        inter-token latencies (the first, middle and last step of a run, each for a third of its tokens)."""
+        if lane.role == _PREFILL:
+            return
+        lo, hi = (t0 if t0 > self.win_lo else self.win_lo), (t1 if t1 < self.win_hi else self.win_hi)
+        if hi > lo:
+            self.batch_area += b * (hi - lo)
+            a, q = lane.seg_a, lane.seg_q
+            for i in {0, (k - 1) // 2, k - 1}:
+                self.itl.append((a + 2 * q * i, b * k / len({0, (k - 1) // 2, k - 1})))
+
+    def run(self) -> None:
+        events, pop = self.events, heapq.heappop
+        while events and not self.stopped:
+            now, kind, _, x, version = pop(events)
+            if kind == _ARRIVE:
+                self.on_arrival(x, now)
+            elif kind == _KV:
+                self.on_kv(x[0], x[1], now)
+            elif version == x.version:
+                self.last = now
+                self.on_end(x, now)
+
+    def result(self) -> SimResult:
+        import numpy as np
+
+        arrival, first, finish, out, only = self.arrival, self.first, self.finish, self.out, self.only
+        start_t = min((a for a in arrival if a == a), default=0.0)
+        span = max(self.last, max((f for f in finish if f == f), default=0.0)) - start_t
+        idx = [r for r in range(self.n) if self.measured[r]]
+        ttft = np.array([first[r] - arrival[r] if first[r] == first[r] else math.inf for r in idx])
+        tpot = np.array([((finish[r] - first[r]) / (out[r] - 1) if out[r] > 1 and only != "prefill" else 0.0)
+                         if finish[r] == finish[r] else math.inf for r in idx])
+        e2e = np.array([finish[r] - arrival[r] if finish[r] == finish[r] else math.inf for r in idx])
+        ok = (ttft <= self.slo.ttft) & (tpot <= self.slo.tpot)
+        dec_lanes = self.back if self.disagg and only is None else self.front
+        window = self.win_hi - self.win_lo
+        mean_batch = self.batch_area / window / len(dec_lanes) if dec_lanes and window > 0 else 0.0
+        drift = _drift(ttft)
+        return SimResult(ttft=ttft, tpot=tpot, e2e=e2e, slo=self.slo,
+                         attainment=float(ok.mean()) if len(idx) else 0.0, requests=self.n, measured=len(idx),
+                         rate=self.rate, span=span,
+                         output_tokens=int(sum(out[r] for r in idx if finish[r] == finish[r])),
+                         utilization=self.utilization(span), mean_batch=mean_batch, stopped=self.stopped,
+                         source=self.stream.source, index=idx, itl=_itl(self.itl, self.plan.jitter),
+                         steady=drift <= STEADY_DRIFT and not self.stopped, drift=drift)
+
+    def utilization(self, span: float) -> dict[str, float]:
+        pools = {None: (("prefill", self.front), ("decode", self.back)) if self.disagg else (("both", self.front),),
+                 "prefill": (("prefill", self.front),), "decode": (("decode", self.front),)}[self.only]
+        return {name: min(1.0, sum(ln.busy for ln in pool) / (len(pool) * span))
+                for name, pool in pools if pool and span > 0}
+
+
+def _drift(ttft) -> float:
+    """Mean TTFT of the last third of the measured requests (by arrival) over the first third's: a queue that
+    is still growing shows as a ratio well above 1."""
+    import numpy as np
+
+    finite = ttft[np.isfinite(ttft)] if len(ttft) else ttft
+    if len(ttft) < 30 or len(finite) < len(ttft):
+        return math.inf if len(finite) < len(ttft) else 1.0
+    third = len(ttft) // 3
+    early, late = float(ttft[:third].mean()), float(ttft[-third:].mean())
+    return late / early if early > 0 else 1.0
+
+
+def _itl(points: list[tuple[float, float]], jitter: float):
+    """The per-token step times as (seconds, weight) arrays; with a step-time jitter (coefficient of variation
+    from the measured spread) each point is spread over +-1.28 CV (the 10th and 90th percentiles of a normal)."""
+    import numpy as np
+
+    if not points:
+        return (np.zeros(0), np.zeros(0))
+    t = np.array([p[0] for p in points])
+    w = np.array([p[1] for p in points])
+    if jitter > 0:
+        t = np.concatenate([t * (1 - 1.28 * jitter), t, t * (1 + 1.28 * jitter)])
+        w = np.concatenate([w * 0.25, w * 0.5, w * 0.25])
+    return (t, w)
+
+
+def _weighted_percentile(itl, q: float) -> float:
+    import numpy as np
+
+    if itl is None or not len(itl[0]):
+        return math.inf
+    t, w = itl
+    order = np.argsort(t)
+    cum = np.cumsum(w[order])
+    return float(t[order][min(len(t) - 1, int(np.searchsorted(cum, q / 100 * cum[-1])))])
 
 
 def _lanes(role: int, pool: Pool, max_batch: int) -> list[_Lane]:
@@ -536,13 +632,3 @@ def _lanes(role: int, pool: Pool, max_batch: int) -> list[_Lane]:
             ln.siblings = [x for x in lanes if x is not ln]
         out += lanes
     return out
-
-
-def _finish_due(lane: _Lane, now: float, inp, out, finish_request) -> None:
-    heap = lane.heap
-    steps = lane.steps
-    while heap and heap[0][0] <= steps:
-        _, r = heapq.heappop(heap)
-        lane.b -= 1
-        lane.ctx -= inp[r] + out[r]
-        finish_request(lane, r, now)

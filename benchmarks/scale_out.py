@@ -81,9 +81,11 @@ def main() -> int:
         for executor in args.executors.split(","):
             if executor == "ray":
                 import ray
+                from kbench_ray.loopback import keep_loopback
 
+                keep_loopback()  # node address 127.0.0.1: the cluster listens on loopback only
                 ray.init(num_cpus=os.cpu_count() or 2, resources={"kdev": max(slots)}, include_dashboard=False,
-                         log_to_driver=False, logging_level="warning")
+                         log_to_driver=False, logging_level="warning", _node_ip_address="127.0.0.1")
             base = None
             for n in slots:
                 wall, first, records = one_run(pm, str(kernel), args.cases, executor, n, Path(tmp) / f"{executor}{n}.json")

@@ -54,8 +54,11 @@ def test_screenings_on_a_ray_cluster_duels_here(lineage, workspace):
     standing in for 2 devices), one device each, so two run at once; every duel run is a local run on the
     lineage's device."""
     ray = pytest.importorskip("ray")
+    from kbench_ray.loopback import keep_loopback
+
+    keep_loopback()  # node address 127.0.0.1: the cluster listens on loopback only (docs/scale-out.md)
     ray.init(num_cpus=2, resources={"kdev": 2}, include_dashboard=False, log_to_driver=False,
-             logging_level="warning")
+             logging_level="warning", _node_ip_address="127.0.0.1")
     try:
         res = CliRunner().invoke(cli, ["evolve", "run", "t", "--operator", "mutate", "--parallel", "2",
                                        "--iterations", "1", "--max-steps", "2", "--rounds", "1", "--device", "cpu",

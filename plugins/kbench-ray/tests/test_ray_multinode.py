@@ -303,3 +303,43 @@ def test_multinode_two_nodes_left_give_the_local_records(three_nodes, tmp_path):
     assert triples(out) == local and len(local) == 8
     data = load_result(out)
     assert data["executor"]["slots"] == 2 and len({r["placement"]["node"] for r in data["records"]}) == 2
+
+
+def _slot_executor(gone: set[int], jobs: int = 6):
+    """A two-slot executor whose slots in ``gone`` have lost their device for good (SlotRetired)."""
+    from kbench.api import executor_kit as kx
+
+    class Slots(kx.SlotExecutor):
+        name = "fake"
+
+        def run_on(self, slot, job):
+            if slot in gone:
+                raise kx.SlotRetired(f"slot {slot}'s node left", {"status": "error", "reason": "no node left"})
+            return {"status": "passed", "slot": slot}
+
+    ex = Slots(2)
+    ex.start()
+    for i in range(jobs):
+        ex.submit(kx.Job(i, None, None))
+    done = []
+    deadline = time.monotonic() + 30
+    while len(done) < jobs and time.monotonic() < deadline:
+        got = ex.next_done(0.2)
+        if got is not None:
+            done.append((got[0].index, got[1]))
+    ex.close()
+    return ex, done
+
+
+def test_multinode_a_slot_whose_node_left_hands_its_jobs_to_the_others():
+    ex, done = _slot_executor({1})
+    assert sorted(i for i, _ in done) == list(range(6))  # each job once
+    assert {rec["slot"] for _, rec in done} == {0} and {rec["status"] for _, rec in done} == {"passed"}
+    assert ex.live == 1 and list(ex.retired) == [1] and "node left" in ex.retired[1]
+    assert all("attempts" not in rec for _, rec in done)  # handing a job back spends no attempt
+
+
+def test_multinode_the_last_slot_never_retires_it_answers_the_jobs_left():
+    ex, done = _slot_executor({0, 1})
+    assert sorted(i for i, _ in done) == list(range(6))  # a record for each, no hang
+    assert {rec["status"] for _, rec in done} == {"error"} and ex.live == 1 and len(ex.retired) == 1

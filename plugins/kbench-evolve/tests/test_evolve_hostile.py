@@ -285,9 +285,10 @@ def test_tool_calls_per_reply_are_capped_and_state_is_written_once_per_reply(lin
         res = agent_run(server)
     assert res.exit_code == 0, res.output
     answers = list(tool_results(server).values())
-    assert len(answers) == 200
-    assert sum(not a.startswith("ERROR") for a in answers) == 16
-    assert all("at most 16 tool calls" in a for a in answers[16:])
+    assert len(answers) == 16 and not any(a.startswith("ERROR") for a in answers)  # the others dropped, unrun
+    last = server.requests[-1]["messages"]
+    assert len(last[2]["tool_calls"]) == 16  # nor resent to the model
+    assert any(m["role"] == "user" and "asked for 200 tool calls; at most 16" in str(m["content"]) for m in last)
     assert len(saves) < 20, len(saves)
 
 
@@ -304,11 +305,10 @@ def test_measuring_calls_are_capped_per_reply_and_per_variation(lineage, api_key
     spent = lineage.load_state()["spent"]
     assert spent["bench_calls"] == 2  # the cap of the variation (and so of the run: 1 iteration)
     first = [m["content"] for m in server.requests[1]["messages"] if m.get("role") == "tool"]
-    # calls 1-2 ran, call 3 met the variation's cap, 4-15 the cap of measuring calls per reply, 16-40 the cap of calls
-    assert sum(a.startswith("PASSED") for a in first) == 2
+    # calls 1-2 ran, call 3 met the variation's cap, 4-15 the cap of measuring calls per reply, 16-40 were dropped
+    assert len(first) == 16 and sum(a.startswith("PASSED") for a in first) == 2
     assert sum("this variation may start 2 kbench runs" in a for a in first) == 1
     assert sum("check/benchmark/submit calls per reply" in a for a in first) == 12
-    assert sum("at most 16 tool calls" in a for a in first) == 25
     assert answers[-1].startswith("ERROR: not run: this variation may start 2 kbench runs")
 
 
@@ -380,3 +380,18 @@ def test_log_prints_the_re_measured_parent_beside_a_committed_child(lineage):
     assert res.exit_code == 0, res.output
     assert (f"1.500x vs v1 re-measured beside it (v1 0.5 TFLOP/s re-measured, {v1.geomean:.4g} when committed; "
             f"this version 0.75), 95% CI [1.200, 1.800]") in res.output, res.output
+
+
+def test_huge_replies_are_elided_from_the_conversation_once_it_outgrows_its_limit(lineage, api_key):
+    # 6cf3c74: every assistant turn stayed whole, so one 600,000-character reply was resent on every later call
+    # (and kept growing state.json) however far back it was
+    script = ([reply("A" * 600_000, tool_calls=[("list_versions", {})])]
+              + [reply(tool_calls=[("list_versions", {})])] * 7 + [reply("GIVE UP: done")])
+    with ScriptedOpenAI(script) as server:
+        res = agent_run(server, steps="10")
+    assert res.exit_code == 0, res.output
+    assert len(json.dumps(server.requests[1]["messages"])) > 600_000  # sent while it was recent
+    last = server.requests[-1]["messages"]
+    assert len(json.dumps(last)) < 250_000
+    assert any(m["role"] == "assistant" and m["content"] == "[elided: 600000 characters of an earlier reply]"
+               for m in last)

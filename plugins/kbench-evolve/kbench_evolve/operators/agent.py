@@ -55,7 +55,7 @@ class AgentOperator(Operator):
                 for index, call in pending:
                     name, arguments = _call_parts(call)
                     result = tools.refusal(calls, index) or tools.call(name, arguments)
-                    add({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": result})
+                    add({"role": "tool", "tool_call_id": call.get("id"), "name": name[:64], "content": result})
                     if name in MEASURING:  # saved after each kbench run; cheap calls once per reply (below)
                         ctx.save()
                     ctx.echo(f"  . {name[:40]}: {result.splitlines()[0][:100] if result else ''}")
@@ -64,6 +64,11 @@ class AgentOperator(Operator):
                 if tools.committed:
                     ctx.save()
                     return f"committed {tools.committed.label} after {ctx.spent.steps} steps"
+                dropped = st.pop("dropped_calls", None)
+                if dropped:
+                    add({"role": "user", "content": f"ERROR: your reply asked for {dropped} tool calls; at most "
+                                                    f"{tools.limits.calls_per_reply} are run per reply: the first "
+                                                    f"{tools.limits.calls_per_reply} were, the others dropped unrun."})
                 note = sup.check()
                 if note:
                     ctx.echo(f"  ! {note[:160]}")
@@ -77,11 +82,15 @@ class AgentOperator(Operator):
 
             def on_overflow(msgs: list[dict]) -> bool:
                 """The provider's context window is smaller than we thought: halve our limit and compact."""
-                size = sum(len(str(m.get("content") or "")) for m in msgs)
+                size = sum(_size(m) for m in msgs)
                 st["context_chars"] = max(2_000, size // 2)
                 return compact(msgs, st["context_chars"], keep_last=4) > 0
 
             reply = client.complete(messages, tools.schemas(), compact=on_overflow)
+            asked = reply.get("tool_calls") or []
+            if len(asked) > tools.limits.calls_per_reply:  # not kept, so not answered one by one, nor resent
+                reply["tool_calls"] = asked[:tools.limits.calls_per_reply]
+                st["dropped_calls"] = len(asked)
             messages.append(reply)
             append_jsonl(trajectory, usage_entry(reply, client))
             ctx.save()
@@ -100,16 +109,28 @@ class AgentOperator(Operator):
 CONTEXT_CHARS = 200_000
 
 
-def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
-    """Elide the oldest tool results until the conversation fits ``limit`` characters.
+def _size(m: dict) -> int:
+    """Characters of a message that are sent: its content and its tool calls' arguments."""
+    return len(str(m.get("content") or "")) + sum(len(str((c.get("function") or {}).get("arguments") or ""))
+                                                  for c in m.get("tool_calls") or [] if isinstance(c, dict))
 
-    The system prompt, the brief, every assistant turn and the last ``keep_last`` messages stay
-    whole (tool-call/result pairing is preserved); the full transcript stays in the trajectory file.
-    Returns the number of results elided.
+
+#: an older reply's text or tool arguments longer than this are elided when tool results were not enough
+LONG_REPLY = 4_000
+
+
+def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
+    """Elide the oldest tool results until the conversation fits ``limit`` characters; if that is not enough
+    (a model or provider that writes huge replies), the oldest long replies' text and tool arguments too.
+
+    The system prompt, the brief and the last ``keep_last`` messages stay whole, and so does every assistant
+    turn unless the second pass is needed (tool-call/result pairing is preserved); the full transcript stays
+    in the trajectory file. Returns the number of messages elided.
     """
-    size = sum(len(str(m.get("content") or "")) for m in messages)
+    size = sum(_size(m) for m in messages)
     elided = 0
-    for m in messages[2:max(2, len(messages) - keep_last)]:
+    older = messages[2:max(2, len(messages) - keep_last)]
+    for m in older:
         if size <= limit:
             break
         text = str(m.get("content") or "")
@@ -117,6 +138,21 @@ def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
             m["content"] = f"[elided: {len(text)} characters of an older {m.get('name')} result]"
             size -= len(text) - len(m["content"])
             elided += 1
+    for m in older:
+        if size <= limit:
+            break
+        if m.get("role") != "assistant" or _size(m) <= LONG_REPLY:
+            continue
+        before = _size(m)
+        text = str(m.get("content") or "")
+        if len(text) > LONG_REPLY:
+            m["content"] = f"[elided: {len(text)} characters of an earlier reply]"
+        for c in m.get("tool_calls") or []:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and len(str(fn.get("arguments") or "")) > LONG_REPLY:
+                fn["arguments"] = json.dumps({"elided": f"{len(str(fn['arguments']))} characters of arguments"})
+        size -= before - _size(m)
+        elided += 1
     return elided
 
 

@@ -27,6 +27,8 @@ MAX_RESULT = 20_000
 NOTE_CHARS = 4_000
 RATIONALE_CHARS = 2_000
 SOURCE_CHARS = 400_000
+#: JSON-schema keywords checked here but not sent to the provider
+_LOCAL_KEYWORDS = ("maxLength", "minLength", "pattern")
 #: the tools that run the harness (kbench runs); submit costs ``ctx.submit_cost()`` runs, the others one
 MEASURING = ("check", "benchmark", "submit")
 
@@ -68,7 +70,7 @@ class AgentTools:
             "read_version": (self.read_version, tool_schema(
                 "read_version", "Full source, per-case TFLOP/s and profile (roofline metrics) of one version.",
                 {"version": {"type": "string", "maxLength": 16, "pattern": "^(@?v?[0-9]{1,6}|best|latest|champion)$",
-                             "description": "e.g. v3; default: the champion"}})),
+                             "description": "e.g. v3 (at most 16 characters); default: the champion"}})),
             "list_knowledge": (self.list_knowledge, tool_schema(
                 "list_knowledge", "Titles of the knowledge-base documents.")),
             "read_knowledge": (self.read_knowledge, tool_schema(
@@ -99,14 +101,23 @@ class AgentTools:
                 "submit", "Submit the candidate: the harness re-measures it interleaved with the champion and "
                 "commits it only if it is correct everywhere and faster beyond noise.",
                 {"rationale": {"type": "string", "maxLength": RATIONALE_CHARS,
-                               "description": "what changed and why it should be faster"}},
+                               "description": f"what changed and why it should be faster (at most {RATIONALE_CHARS} "
+                                              "characters)"}},
                 ("rationale",))),
         }
 
     # -- plumbing -------------------------------------------------------------------------------
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [schema for _, schema in self.table.values()]
+        """The tools as sent to the provider: types and descriptions only (some providers refuse JSON-schema
+        keywords such as ``pattern``); the limits are checked here (:meth:`_arguments`)."""
+        out = []
+        for _, schema in self.table.values():
+            params = schema["function"]["parameters"]
+            props = {k: {kk: vv for kk, vv in v.items() if kk not in _LOCAL_KEYWORDS}
+                     for k, v in params["properties"].items()}
+            out.append({**schema, "function": {**schema["function"], "parameters": {**params, "properties": props}}})
+        return out
 
     def call(self, name: str, arguments: str | None) -> str:
         """The tool's answer; never raises but for what ends a run anyway (a budget, an outage, Ctrl-C)."""

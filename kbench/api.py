@@ -107,6 +107,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "measure": ("kbench.measurement", "measure"),
     "Measurement": ("kbench.measurement", "Measurement"),
     "CallableBackend": ("kbench.measurement", "CallableBackend"),
+    # held-out shapes near a suite's, checked for correctness only (docs/fuzz.md): what scores a kernel uses
+    "check_held_out": ("kbench.fuzz.heldout", "check_held_out"),
     "executor_kit": ("kbench.run.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
@@ -169,6 +171,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
                                  profiles_from_data)
     from kbench.history.lineages import LineageHistory, LineageVersion
     from kbench.kernelfile import Substrate
+    from kbench.fuzz.heldout import check_held_out
     from kbench.measurement import CallableBackend, Measurement, measure
     from kbench.ops import Case, CaseError, Op
     from kbench.ops.attention import attention_float64, causal_mask, softmax_scale

@@ -303,7 +303,8 @@ def _held_out(pm: PluginManager, planned, records: list[Record], n: int | None, 
     if n <= 0 or not ok:
         return {}
     return check_held_out(pm, ok, planned.plan.cases, device=planned.ctx.device.name, n=n,
-                          allow_unsandboxed=allow_unsandboxed, case_timeout=planned.case_timeout)
+                          allow_unsandboxed=allow_unsandboxed, case_timeout=planned.case_timeout,
+                          check=planned.plan.check, integrity=planned.ctx.integrity)
 
 
 def _suite(suite, cases, op: str, *, name, timing, check, integrity) -> Suite:

@@ -25,7 +25,9 @@ class Checker:
     """Correctness checks of cases of one op on one device, by one worker pool kept for the whole run."""
 
     def __init__(self, pm, op: str, device: str = "cpu", *, secret: bytes | None = None, check=None,
-                 case_timeout: float = CASE_TIMEOUT, allow_unsandboxed: bool = False, isolate: bool = True) -> None:
+                 integrity=None, case_timeout: float = CASE_TIMEOUT, allow_unsandboxed: bool = False,
+                 isolate: bool = True) -> None:
+        """``check`` and ``integrity``: a suite's settings (default: those of a suite that says nothing)."""
         from kbench.judge.context import RunContext, new_secret
         from kbench.judge.policy import IntegritySettings
         from kbench.run.pool import WorkerPool
@@ -35,7 +37,7 @@ class Checker:
         reg = pm.registry
         self.pm = pm
         self.ctx = RunContext(op=reg.op(op), device=reg.device(device), check=check or CheckSettings(),
-                              timing=TimingSettings(), integrity=IntegritySettings(),
+                              timing=TimingSettings(), integrity=integrity or IntegritySettings(),
                               secret=secret if secret is not None else new_secret(), correctness_only=True)
         self.pool = WorkerPool(pm, self.ctx, isolate=isolate, case_timeout=case_timeout,
                                allow_unsandboxed=allow_unsandboxed, keep_failed=True)

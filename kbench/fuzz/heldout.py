@@ -139,17 +139,27 @@ def held_out_cases(op, cases: Sequence[Case], secret: bytes, n: int = HELD_OUT_C
     return out
 
 
-def check_held_out(pm, backends: Iterable[Any], cases: Sequence[Case], *, device: str, n: int = HELD_OUT_CASES,
-                   secret: bytes | None = None, allow_unsandboxed: bool = False, check=None,
-                   case_timeout: float | None = None) -> dict[str, HeldOut]:
+def check_held_out(pm, backends: Iterable[Any], cases: Sequence[Case] | None = None, *, device: str,
+                   suite=None, n: int | None = None, secret: bytes | None = None, allow_unsandboxed: bool = False,
+                   check=None, integrity=None, case_timeout: float | None = None) -> dict[str, HeldOut]:
     """Each backend checked on ``n`` held-out cases near ``cases`` (the same cases for all of them), for
     correctness only, by one :class:`~kbench.fuzz.checker.Checker` (one worker per untrusted backend).
 
     ``secret``: the shapes' secret (default: a new one, never written anywhere); the inputs' secret is another,
-    derived from it. A backend stops at its first failing case.
+    derived from it. ``check`` and ``integrity``: the suite's settings (its tolerances, its allowed calls), with
+    one correctness trial per shape; ``suite`` (a :class:`kbench.api.Suite`) gives them, and the cases, itself.
+    ``n``: default :data:`HELD_OUT_CASES`. A backend stops at its first failing case.
     """
     from kbench.fuzz.checker import CASE_TIMEOUT, Checker, infrastructure, is_bad
 
+    n = HELD_OUT_CASES if n is None else n
+    if suite is not None:
+        from kbench.run.runner import integrity_settings
+
+        plan = suite.plan(device, pm.registry.op(suite.op))
+        cases = plan.cases if cases is None else cases
+        check = plan.check if check is None else check
+        integrity = integrity_settings(suite) if integrity is None else integrity
     backends = list(backends)
     if not backends or not cases or n <= 0:
         return {}
@@ -157,13 +167,14 @@ def check_held_out(pm, backends: Iterable[Any], cases: Sequence[Case], *, device
     op = pm.registry.op(cases[0].op)
     chosen = held_out_cases(op, cases, secret, n)
     inputs = hmac.new(secret, b"kbench held-out inputs", hashlib.sha256).digest()
-    if check is None:  # one correctness trial per shape: a shape's bug shows on any input
-        from kbench.suite import CheckSettings
+    from dataclasses import replace
 
-        check = CheckSettings(seeds=1)
+    from kbench.suite import CheckSettings
+
+    check = replace(check or CheckSettings(), seeds=1)   # one trial per shape: a shape's bug shows on any input
     out: dict[str, HeldOut] = {}
-    with Checker(pm, op.name, device, secret=inputs, check=check, allow_unsandboxed=allow_unsandboxed,
-                 case_timeout=case_timeout or CASE_TIMEOUT) as checker:
+    with Checker(pm, op.name, device, secret=inputs, check=check, integrity=integrity,
+                 allow_unsandboxed=allow_unsandboxed, case_timeout=case_timeout or CASE_TIMEOUT) as checker:
         for backend in backends:
             verdict = HeldOut(backend.name, cases=[c.id for c in chosen])
             start = time.perf_counter()

@@ -222,11 +222,10 @@ class Evaluator:
         #: a profiler (``"ncu"``) for the screening and benchmark runs, whose figures reach the operators' brief;
         #: never for checks and duels (a profile is a run of its own per record, and duels only decide)
         self.profile = profile
-        from kbench.fuzz.heldout import HELD_OUT_CASES
-
-        #: held-out shapes a candidate must also be right on before it is committed (docs/fuzz.md): drawn for
-        #: each candidate from this run's secret (never written: not in the lineage, not in a result file)
-        self.held_out = HELD_OUT_CASES if held_out is None else held_out
+        #: held-out shapes a candidate must also be right on before it is committed (docs/fuzz.md; None: the
+        #: core's default, 0: none): drawn for each candidate from this run's secret (never written: not in the
+        #: lineage, not in a result file)
+        self.held_out = held_out
         self.show_held_out = show_held_out
         self._held_out_secret = secrets.token_bytes(32)
 
@@ -324,16 +323,14 @@ class Evaluator:
         (kbench.fuzz.heldout): a :class:`~kbench.fuzz.heldout.HeldOut`, or None when the setting is 0. The shapes
         are drawn for this candidate (its source) from the run's secret. Raises :class:`EnvironmentFailure` when
         the harness could not check."""
-        if self.held_out <= 0:
+        if self.held_out is not None and self.held_out <= 0:
             return None
-        from kbench.api import KernelFileRef, pick_device
-        from kbench.fuzz.heldout import check_held_out
+        from kbench.api import KernelFileRef, check_held_out, pick_device
 
         ref = KernelFileRef(kernel, self.pm.registry)
-        device = pick_device(self.pm, self.device)
-        cases = self.suite.plan(device, self.pm.registry.op(self.suite.op)).cases
         secret = hmac.new(self._held_out_secret, ref.source_text.encode(), hashlib.sha256).digest()
-        verdict = check_held_out(self.pm, [ref], cases, device=device, n=self.held_out, secret=secret)[ref.name]
+        verdict = check_held_out(self.pm, [ref], suite=self.suite, device=pick_device(self.pm, self.device),
+                                 n=self.held_out, secret=secret)[ref.name]
         if verdict.infrastructure:
             raise EnvironmentFailure(f"the held-out shapes could not be checked: {verdict.infrastructure}")
         return verdict

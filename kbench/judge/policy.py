@@ -30,7 +30,7 @@ DEFAULT_FORBIDDEN_CALLS: tuple[str, ...] = (
     # the harness: its float64 reference, its timer and checks, the objects it keeps in memory
     "*attention_float64*",
     "kbench.ops*", "kbench.judge*", "kbench.worker*", "kbench.run*", "kbench.protocol*", "kbench.timing*",
-    "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*", "kbench.source*",
+    "kbench.results*", "kbench.devices*", "kbench.stats*", "kbench.testing*", "kbench.source*", "kbench.fuzz*",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "inspect.*frame*",
     "inspect.stack", "inspect.trace",
     # every loaded module by name, without an import the audit hook sees (sys.modules["_thread"]); threading's
@@ -183,6 +183,7 @@ API_TARGETS: dict[str, str] = {
     "parse_json": "kbench.reader.parse_json", "geomean": "kbench.compare.geomean",
     "profile_summary": "kbench.profiling.profile_summary",
     "profile_from_output": "kbench.profiling.profile_from_output", "parse_source": "kbench.source.parse_source",
+    "check_held_out": "kbench.fuzz.heldout.check_held_out",
     "sandbox_readable_roots": "kbench.run.sandbox.readable_roots", "is_secret": "kbench.run.sandbox.is_secret",
     "philox_source": "kbench.ops.inputs.philox_source", "RegeneratedInputs": "kbench.ops.inputs.RegeneratedInputs",
     "InputSpec": "kbench.ops.inputs.InputSpec", "unit_variance_input": "kbench.ops.inputs.unit_variance",

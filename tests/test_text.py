@@ -97,6 +97,7 @@ NAME = "odd\\ud800name"
 
 
 def attention(q, k, v, out, *, causal, scale):
+    print("clear the screen \\x1b[2J\\rpassed", flush=True)
     raise ValueError("bad \\ud800 text \\x1b[31m red \\u202e evil")
 '''
 
@@ -123,6 +124,8 @@ def test_run_prints_its_table_with_a_surrogate_in_a_name_and_an_exception(tmp_pa
     assert "odd\\ud800name" in ran.output and "bad \\ud800 text \\x1b[31m red \\u202e evil" in ran.output
     rec = json.loads(out.read_text())["records"][0]
     assert rec["backend"] == "odd\\ud800name" and "\\ud800" in rec["reason"]
+    # what the kernel printed is kept escaped too (the worker's output, read from its pipe)
+    assert "clear the screen \\x1b[2J\\x0dpassed" in rec["stderr_tail"] and "\x1b" not in rec["stderr_tail"]
     shown = invoke("show", out)
     assert shown.exit_code == 0 and "odd\\ud800name" in shown.output
 

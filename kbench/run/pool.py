@@ -35,6 +35,7 @@ from kbench.judge.policy import static_failure
 from kbench.kernelfile import KernelFileRef
 from kbench.ops import Case
 from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolError, WorkerSetup, as_sent, decode_reply
+from kbench.text import safe_text
 from kbench.run.sandbox import ENV_DENY, sandbox_environment
 from kbench.timing import TimingSettings, estimated_seconds
 
@@ -136,7 +137,7 @@ class _Tail:
 
     def text(self) -> str:
         with self.lock:
-            return bytes(self.buf).decode("utf-8", "replace")[-STDERR_TAIL:]
+            return safe_text(bytes(self.buf).decode("utf-8", "replace")[-STDERR_TAIL:])  # a worker's text, escaped
 
 
 class WorkerFailed(Exception):

@@ -323,8 +323,8 @@ def _emit_text(o, model, workload, assume, planner, planner_for, plans, screened
         from kbench.plan.likeaic import like_rows
 
         click.echo("\nunder aiconfigurator's definitions (mean values at a fixed concurrency, no arrival process: TPOT "
-                   "the mean step with the prefills in mixed steps, TTFT the prefill times its queueing correction "
-                   "1.8; docs/plan.md, \"Like for like\"):")
+                   "the decode step with the batch's prefills spread over it, TTFT the prefill times its queueing "
+                   "correction 1.8; docs/plan.md, \"Like for like\"):")
         click.echo(render(("mode", "parallel", "tok/s/gpu", "batch", "TTFT", "TPOT", "devices"), like_rows(like),
                           fmt))
     _emit_inputs(o, assume, planner, planner_for, screened)

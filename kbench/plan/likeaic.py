@@ -6,10 +6,9 @@ arrivals, judged on simulated percentiles. aiconfigurator's (NVIDIA, ai-dynamo/a
 deterministic steady state at a fixed concurrency: no queueing, every request alike. Here the same step model
 answers that question, so that the two tools can be compared line by line:
 
-* aggregated, ``b`` requests per replica: per ``osl`` steps the ``b`` new prompts are prefilled in mixed steps
-  of the token budget ``c`` (``m = b isl / c`` of them), the other steps decode only; TPOT the mean step, TTFT
-  the prompt's mixed steps times aiconfigurator's queueing correction 1.8; throughput ``b osl / (TTFT + (osl -
-  1) TPOT)`` per replica;
+* aggregated, ``b`` requests per replica: per ``osl`` steps the ``b`` new prompts are prefilled within the
+  steps, so TPOT is the decode step at ``b`` plus ``b T_pre / osl``; TTFT a prefill and a decode step times
+  aiconfigurator's queueing correction 1.8; throughput ``b osl / (TTFT + (osl - 1) TPOT)`` per replica;
 * disaggregated: prefill workers busy back to back (``0.9 / T_pre`` requests/s each), TTFT 1.8 times the
   prefill plus the KV transfer; decode workers at the largest batch whose step meets the TPOT (``0.92 b / (osl
   T_step)`` requests/s); the split of the devices that serves the most.
@@ -33,23 +32,18 @@ DECODE_DEGRADATION = 0.92
 
 def _aggregated(planner: Planner, dm: DeviceModel, par: Parallel, isl: float, osl: float) -> dict[str, Any] | None:
     """In-flight batching at ``b`` requests: per ``osl`` steps the ``b`` prompts that replace the finished
-    requests are prefilled in mixed steps of the token budget (``m = b isl / c`` of them), the rest decode only;
-    TPOT the mean step, TTFT the prompt's mixed steps times the queueing correction."""
+    requests are prefilled in the steps (their prefill time spread over the ``osl`` steps); TPOT the mean step,
+    TTFT the prompt's prefill (with one decode step of the batch) times the queueing correction."""
     slo, best = planner.workload.slo, None
     ctx = isl + osl / 2
     b_max = min(planner.assume.max_batch, math.floor(dm.lane_tokens(par) / (isl + osl)))
     pre = dm.prefill(round(isl), par).seconds
     for b in range(1, b_max + 1):
         gen = dm.decode_step(b, ctx, par).seconds
-        c = max(1, planner.assume.chunk - b)
-        mixed = gen + pre * min(c, isl) / isl
-        m = min(float(osl), b * isl / c)
-        tpot = (m * mixed + (osl - m) * gen) / osl
-        ttft = TTFT_FACTOR * math.ceil(isl / c) * mixed
+        tpot = gen + b * pre / osl
+        ttft = TTFT_FACTOR * (pre + gen)
         if tpot > slo.tpot or ttft > slo.ttft:
-            if tpot > slo.tpot:
-                break
-            continue
+            break
         tok = b * osl / (ttft + (osl - 1) * tpot) / par.devices
         if best is None or tok > best["tokens_s_gpu"]:
             best = {"tokens_s_gpu": tok, "parallel": par.short, "batch": b, "ttft_s": ttft, "tpot_s": tpot,

@@ -126,6 +126,8 @@ RECORDED: dict[str, dict[str, tuple[float, float, float, str, int] | None]] = {
                            "disagg": (118.67, 2.597, 0.0485, "P 6xtp2pp1 + D 1xtp4pp1", 100)},
     "ho-8b-h200-chat": {"agg": (4176.46, 0.042, 0.0075, "tp2pp1", 64),
                       "disagg": (4318.73, 0.024, 0.0077, "P 2xtp1pp1 + D 1xtp2pp1", 256)},
+    "moe-235b-h200-4k": {"agg": (476.99, 1.881, 0.0486, "tp1pp1dp8etp4ep2", 24),
+                       "disagg": (444.71, 0.911, 0.0398, "P 2xtp1pp1dp4etp2ep2 + D 3xtp1pp1dp8etp1ep8", 26)},
 }
 
 
@@ -204,6 +206,12 @@ def kbench_best(data: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
 
 def run_kbench(scenario: Scenario, extra: Sequence[str] = ()) -> dict[str, dict[str, Any] | None]:
     """`kbench plan` for one scenario, in this process (--format json), best plan per mode."""
+    return run_kbench_json(scenario, extra)[0]
+
+
+def run_kbench_json(scenario: Scenario, extra: Sequence[str] = ()) -> tuple[dict[str, dict[str, Any] | None],
+                                                                         dict[str, Any]]:
+    """`kbench plan --format json` for one scenario: the best plan per mode and the whole answer."""
     import json
 
     from click.testing import CliRunner
@@ -215,7 +223,8 @@ def run_kbench(scenario: Scenario, extra: Sequence[str] = ()) -> dict[str, dict[
     if res.exit_code not in (0, 2):
         raise RuntimeError(f"kbench plan failed ({res.exit_code}): {res.output[-2000:]}")
     text = res.output
-    return kbench_best(json.loads(text[text.index("{"): text.rindex("}") + 1]))
+    data = json.loads(text[text.index("{"): text.rindex("}") + 1])
+    return kbench_best(data), data
 
 
 _ROW = re.compile(r"^\|\s*\d+\s*\|")

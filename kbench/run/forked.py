@@ -108,13 +108,13 @@ def execute_forked(ctx: RunContext, backend, case: Case, *, timeout: float,
     os.close(write_end)
     try:
         data, timed_out = _read_until(read_end, time.monotonic() + timeout + GRACE)
-    finally:
+    finally:  # also on Ctrl-C in the parent: the child never outlives the record
         os.close(read_end)
         _kill(pid)  # the child's whole group: a hung child, and whatever the callable started and left
-    try:
-        _, wait_status = os.waitpid(pid, 0)
-    except ChildProcessError:
-        wait_status = None
+        try:
+            _, wait_status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            wait_status = None
     if timed_out:
         return _record(ctx, backend, case, Status.TIMEOUT,
                        f"exceeded the case timeout of {timeout:g} s (a hang or an endless loop); the callable ran in "

@@ -41,7 +41,7 @@ def show_command(result, fmt, keyword, profile, repro):
         from kbench.profiling import profile_table
 
         click.echo(f"\nProfiles (Nsight Compute, outside the timed samples):\n{profile_table(records, fmt)}")
-    if repro:
+    if repro and fmt != "json":  # JSON: every record holds its ``repro`` already
         from kbench.record import repro_lines
 
         click.echo("\nRepro (one command per record):\n" + repro_lines(records))

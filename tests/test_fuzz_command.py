@@ -164,3 +164,12 @@ def test_the_repro_suite_holds_exactly_the_failing_case(tmp_path, op, params):
     op_ = get_plugin_manager().registry.op(op)
     (case,) = load_suite(path).plan("cpu", op_).cases
     assert case.id == op_.make_case(params).id and result.repro == f"kbench run {path} -b k.py"
+
+
+def test_a_harness_that_cannot_check_is_exit_2_not_a_kernel_failure(tmp_path, monkeypatch):
+    from kbench.testing import sandbox_unavailable
+
+    sandbox_unavailable(monkeypatch)
+    res, report = fuzz(tmp_path, "-b", str(PLANTED / "tail_dropped.py"), "--budget", "20", "--seed", "1")
+    assert res.exit_code == 2 and "the harness could not check planted-tail-dropped" in res.output, res.output
+    assert "simulated" in res.output and report is None and not list(tmp_path.glob("fuzz-*.yaml"))

@@ -138,8 +138,10 @@ class KernelFileBackend(Backend):
         self.source_path = str(self.source.path)
         self.op = getattr(module, "OP", "attention")
         self._op = registry.op(self.op)
-        self.name = kernel_name(name or getattr(module, "NAME", None) or f"file:{self.source.path.stem}",
-                                registry, path)
+        # a name given by trusted code (the parent's decision sent to a worker, a plugin's evolved:NAME) is
+        # escaped only; a name the file gives itself is also held against the registry
+        self.name = safe_text(name) if name else kernel_name(getattr(module, "NAME", None)
+                                                             or f"file:{self.source.path.stem}", registry, path)
         sub_name = getattr(module, "SUBSTRATE", "numpy")
         if sub_name not in registry.substrates:
             raise BadInput(f"unknown SUBSTRATE {sub_name!r}", file=str(path),
@@ -232,7 +234,7 @@ class KernelFileRef(Backend):
                            fix=f"use one of: {', '.join(sorted(registry.substrates))} (or install its plugin)")
         self.substrate = registry.substrates[sub]
         self.device = self.substrate.device
-        self.name = kernel_name(name or meta.get("NAME") or f"file:{path.stem}", registry, path)
+        self.name = safe_text(name) if name else kernel_name(meta.get("NAME") or f"file:{path.stem}", registry, path)
         self.source_path = str(path)
         self.settings = dict(settings or {})
         self.trusted = trusted

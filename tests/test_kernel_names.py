@@ -85,3 +85,12 @@ def test_a_backend_given_beside_a_registered_one_of_its_name_is_refused(registry
     with pytest.raises(BadInput, match="both named 'numpy'"):
         refuse_name_collisions([numpy, impostor])
     refuse_name_collisions([numpy, registry.backends["numpy-flash"]])  # distinct names pass
+
+
+def test_a_name_given_by_trusted_code_is_not_held_against_the_registry(tmp_path, registry):
+    """A worker rebuilds a kernel file under the name the parent decided, and a plugin registers evolved versions
+    under names it chose: the worker's registry may hold that very name (the evolve plugin scans its workspace
+    there too), which must not refuse the file it names."""
+    path = kernel(tmp_path / "k.py", "numpy")
+    assert KernelFileRef(path, registry, name="numpy-flash").name == "numpy-flash"
+    assert KernelFileRef(path, registry, name="x\ud800").name == "x\\ud800"

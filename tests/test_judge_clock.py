@@ -4,6 +4,7 @@ and an empty loop whose cost no candidate code can raise."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -135,3 +136,109 @@ def test_the_loop_cost_of_a_size_never_measured_is_never_short():
     assert acc.loop_cost(8) == 0.003          # the most expensive measurement at that size
     assert acc.loop_cost(5) == 0.003          # the next size up
     assert acc.loop_cost(16) == pytest.approx(0.006)   # the largest size, scaled
+
+
+def _first_call_starts(thread_target):
+    """A kernel that starts one long-lived thread on its first call (a "pool"), honest otherwise."""
+    started = []
+
+    def kernel(q, k, v, out, case):
+        if not started:
+            started.append(threading.Thread(target=thread_target, daemon=True, name="pool"))
+            started[0].start()
+        honest(q, k, v, out, case)
+    return kernel, started
+
+
+def test_no_thread_of_an_untrusted_kernel_outlives_its_call(kbench_pm, kbench_case):
+    """A thread kept from the first call on (it could hold the GIL during empty batches only, raising the loop's
+    cost the accounting allows): 6cf3c74 counted only growth from the second call, and passed it."""
+    stop = threading.Event()
+    kernel, started = _first_call_starts(lambda: stop.wait(30))
+    try:
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel))
+    finally:
+        stop.set()
+        started[0].join(5)
+    assert rec["status"] == "failed", rec["reason"]
+    assert "left threads still running: a thread it started ('pool') is alive after call 1 of a check batch" \
+        in rec["reason"]
+
+
+def test_a_trusted_library_may_keep_a_pool(kbench_pm, kbench_case):
+    stop = threading.Event()
+    kernel, started = _first_call_starts(lambda: stop.wait(30))
+    try:
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel), trusted=True)
+    finally:
+        stop.set()
+        started[0].join(5)
+    assert rec["status"] == "passed", rec["reason"]
+
+
+def test_a_hook_left_by_an_untrusted_kernel_is_a_fault(kbench_pm, kbench_case):
+    """NumPy's error callback would run candidate code inside the harness's own NumPy calls (a hook that only
+    burns while the harness works: the empty loop)."""
+    import numpy as np
+
+    def kernel(q, k, v, out, case):
+        honest(q, k, v, out, case)
+        np.seterrcall(lambda *a: None)
+    saved = np.geterrcall()
+    try:
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel))
+    finally:
+        np.seterrcall(saved)
+    assert rec["status"] == "failed" and "harness tampering: numpy.seterrcall set by the kernel" in rec["reason"], \
+        rec["reason"]
+
+
+class KindChannel(ShrinkingChannel):
+    """Tells the kernel which kind of batch it runs in (a test's omniscience, so "wrong on 12% of its timed
+    calls" means exactly that)."""
+
+    kind = None
+
+    def request(self, message, timeout):
+        KindChannel.kind = message[1].get("kind") if message[0] == "batch" else None
+        return self.inner.request(message, timeout)
+
+
+def test_one_wrong_timed_call_fails_the_record(kbench_pm, kbench_case):
+    """Right on every call but the 4th timed one, in a batch of many: that call's output is checked too."""
+    tally = {"timed": 0}
+
+    def kernel(q, k, v, out, case):
+        honest(q, k, v, out, case)
+        if KindChannel.kind == "timed":
+            tally["timed"] += 1
+            if tally["timed"] == 4:
+                out[...] = 0.0
+    rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel), channel=KindChannel, min_samples=12,
+                 max_samples=12)
+    assert rec["status"] == "failed" and "on a timed call" in rec["reason"], rec["reason"]
+
+
+@pytest.mark.slow
+def test_a_kernel_wrong_on_a_few_timed_calls_fails_its_records(kbench_pm, kbench_case):
+    """Zeros on 12% of the timed calls (a seeded draw per call): every record in which at least 5% of the timed
+    calls were wrong fails (the issue asks >= 99%; on 6cf3c74, one verified call a batch, 5 of 8 passed)."""
+    import numpy as np
+
+    outcomes = []
+    for seed in range(16):
+        rng, tally = np.random.default_rng(seed), {"timed": 0, "wrong": 0}
+
+        def kernel(q, k, v, out, case, rng=rng, tally=tally):
+            honest(q, k, v, out, case)
+            if KindChannel.kind == "timed":
+                tally["timed"] += 1
+                if rng.random() < 0.12:
+                    tally["wrong"] += 1
+                    out[...] = 0.0
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel), channel=KindChannel,
+                     min_samples=20, max_samples=30)
+        outcomes.append((tally["wrong"] / max(tally["timed"], 1), rec["status"], rec["reason"]))
+    wrong_enough = [o for o in outcomes if o[0] >= 0.05]
+    assert len(wrong_enough) >= 12, outcomes
+    assert all(status == "failed" and "on a timed call" in reason for _, status, reason in wrong_enough), outcomes

@@ -45,6 +45,8 @@ TARGET_BATCH_SECONDS = 0.02
 RECHECK_SLOT = 2 * MAX_POOL
 #: an untrusted kernel's batch size changes when the parent's clock asks for this factor more or fewer calls
 RESIZE_RATIO = 1.5
+#: rows of each other timed call of an untrusted kernel's batch verified (picked after the reply)
+CALL_ROWS = 4
 #: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
 TIMED_ROWS = 32
 #: sampling goes on past ``max_time`` to reach ``min_samples``, up to this many times ``max_time`` (and never
@@ -144,11 +146,14 @@ class Judge:
 
         ctx, case, op = self.ctx, self.case, self.ctx.op
         out_dtype = op.output_dtype(case)
-        self.layout = Layout.plan(op.output_shapes(case), out_dtype.numpy, max(ctx.check.seeds, 1))
+        # an untrusted kernel's every timed call is collected after its batch: room for a whole batch's outputs
+        slots = max(ctx.check.seeds, 1) if self.trusted else max(ctx.check.seeds, 1, self._pool_cap())
+        self.layout = Layout.plan(op.output_shapes(case), out_dtype.numpy, slots)
         fd = arena_file(self.layout.nbytes)
         try:
             self.buf = mmap.mmap(fd, self.layout.nbytes)
             job = {"case": case, "layout": self.layout, "forbidden_ops": () if self.trusted else forbidden_ops(ctx),
+                   "strict": not self.trusted,
                    "required_features": tuple(sorted(op.required_features(case))),
                    "backward_inputs": tuple(op.backward_inputs(case)), "out_dtype": out_dtype.value}
             prepared = expect(self.channel.start(job, fd, self._remaining()), "prepared")
@@ -262,8 +267,12 @@ class Judge:
         in its correctness calls does not get one-call batches (each with its round trip in the allowance)."""
         if self.split and not self.trusted:
             return 1  # a split call's saved state exists before its sample: one call per batch (docs/integrity.md)
+        return int(max(1, min(self._pool_cap(), math.ceil(TARGET_BATCH_SECONDS / max(guess, 1e-7)))))
+
+    def _pool_cap(self) -> int:
+        """The most calls one batch may hold: MAX_POOL, and the slots the device's pool memory has room for."""
         budget = max(1, int(getattr(self.ctx.device, "pool_memory", 256 * 2**20) // max(self.source.slot_bytes(), 1)))
-        return int(max(1, min(MAX_POOL, budget, math.ceil(TARGET_BATCH_SECONDS / max(guess, 1e-7)))))
+        return int(min(MAX_POOL, budget))
 
     def _resize(self, per_batch: int, calls: int, wall: float) -> int:
         """An untrusted kernel's batch size again from the parent's time of its last timed batch (``calls`` calls
@@ -384,16 +393,30 @@ class Judge:
         self.accounting.empty.append((n, wall))
 
     def _verify_timed(self, calls: list) -> None:
-        """One call of the batch, picked now (after the reply), verified on rows picked now."""
-        slot, key = calls[int(self.rng.integers(len(calls)))]
+        """A timed batch's outputs, judged after its reply: a trusted library's one call, picked now, on rows
+        picked now; an untrusted kernel's every call, each on CALL_ROWS rows picked now, and one of them, picked
+        now, on TIMED_ROWS rows with its inputs checked unchanged. So a kernel wrong on a few percent of its timed
+        calls fails every record that holds one such call (docs/integrity.md, "Every timed call is checked")."""
+        full = int(self.rng.integers(len(calls)))
+        slot, key = calls[full]
         # a trusted library's inputs were checked unchanged on the correctness calls; an untrusted kernel's are
-        # checked on every verified call
+        # checked on the call verified in full
         (got,) = self._collect([slot], inputs=not self.trusted)
+        # fewer rows and no uniform-attention reference: the correctness trials did the full check;
+        # these catch answers that change when timed
+        self._judge_timed(key, got, min(self.ctx.check.max_rows, TIMED_ROWS))
+        if self.trusted:
+            return
+        rest = [c for i, c in enumerate(calls) if i != full]
+        if rest:
+            outputs = self._collect([s for s, _ in rest], inputs=False)
+            for (_, key), got in zip(rest, outputs):
+                self._judge_timed(key, got, min(self.ctx.check.max_rows, CALL_ROWS))
+
+    def _judge_timed(self, key, got: dict[str, np.ndarray], rows: int) -> None:
         try:
-            # fewer rows and no uniform-attention reference: the correctness trials did the full check;
-            # these catch answers that change when timed
-            verify(self.ctx, self.case, self.source.inputs(key), got, "a timed call", self.rng,
-                   max_rows=min(self.ctx.check.max_rows, TIMED_ROWS), uniform=False)
+            verify(self.ctx, self.case, self.source.inputs(key), got, "a timed call", self.rng, max_rows=rows,
+                   uniform=False)
         except CheckFailed as exc:
             raise self._timed_wrong(exc, key) from None
 

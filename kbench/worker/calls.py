@@ -29,7 +29,7 @@ import numpy as np
 from kbench.backends import missing_feature
 from kbench.protocol import Layout
 from kbench.unsupported import Unsupported
-from kbench.worker.watches import CLOCK, Fault, OpWatch, ThreadLeak, ThreadWatch
+from kbench.worker.watches import CLOCK, Fault, OpWatch, QuietWorld, ThreadLeak, ThreadWatch
 
 #: characters of a traceback kept in an error reply
 TRACEBACK_CHARS = 6000
@@ -69,6 +69,8 @@ class CallRunner:
         self.forbidden_ops: tuple[str, ...] = ()
         self.backward_inputs: tuple[str, ...] = ()
         CLOCK.bind(type(device.sample_clock(1)))  # the worker's start: no candidate code has run yet
+        self.quiet = QuietWorld()                 # the threads and hooks of that moment
+        self.strict = False                       # an untrusted kernel's job: no thread outlives its call
 
     # -- job -----------------------------------------------------------------------------------
 
@@ -88,6 +90,7 @@ class CallRunner:
         self.kernel, self.slots = None, {}
         case = self.case = payload["case"]
         self.forbidden_ops = tuple(payload.get("forbidden_ops", ()))
+        self.strict = bool(payload.get("strict"))
         self.backward_inputs = tuple(payload.get("backward_inputs", ()))
         self.out_dtype = DType(payload["out_dtype"])
         self.specs = dict(self.op.input_specs(case) or {}) or None
@@ -105,7 +108,12 @@ class CallRunner:
             raise TypeError(f"backend {backend.name!r} prepared a {type(self.kernel).__name__} for a split "
                             f"(untimed forward, timed backward) case: it must have forward() and backward() "
                             f"methods (kbench.api.TrainingKernel)")
-        return {"backend_info": info, "fault": self._harness_fault("while the kernel was prepared")}
+        fault = self._harness_fault("while the kernel was prepared")
+        try:
+            self._alone("after the kernel was loaded and prepared", hooks=True)
+        except (Fault, ThreadLeak) as exc:
+            fault = fault or str(exc)
+        return {"backend_info": info, "fault": fault}
 
     def end(self) -> dict[str, Any]:
         self.kernel = None
@@ -184,6 +192,7 @@ class CallRunner:
                 slot.saved = watch.run(run) if watch is not None else run()
                 self.device.synchronize()
                 self.watch.after(before)
+                self._alone(f"after an untimed forward ({kind})")
             reply["fault"] = self._harness_fault(_phase(kind))
         except (Fault, ThreadLeak) as exc:
             reply["fault"] = str(exc)
@@ -207,6 +216,7 @@ class CallRunner:
         ref = CLOCK   # the timers captured at the worker's start: every clock read below is checked against them
         try:
             _clock_intact(ref, kind, "its start")
+            self._alone(f"when a {kind} batch started", hooks=True)
             begin = time.perf_counter_ns()
             for i, (number, key) in enumerate(calls):
                 slot = self._slot(numbers[i])
@@ -225,6 +235,8 @@ class CallRunner:
                     _clock_intact(ref, kind, f"call {i + 1} returned")
                 clock.stop(i)
                 self.watch.after(before)
+                if self.strict and not empty:
+                    self._alone(f"after call {i + 1} of a {kind} batch returned")
                 # an empty call's "answer" is its poisoned buffers: shadowed, compared and scanned like a kernel's,
                 # so the empty loop costs what a timed batch's harness work costs
                 slot.answer = dict(slot.outputs) if empty else self._answers(result, slot)
@@ -233,6 +245,7 @@ class CallRunner:
                         dev.copy_into(slot.shadows[name], arr)
             dev.synchronize()
             _clock_intact(ref, kind, "its end")
+            self._alone(f"when a {kind} batch ended", hooks=True)
             reply["window"] = [begin, time.perf_counter_ns()]
             reply["samples"] = clock.seconds()
             reply["stamps"] = clock.stamps() if clock.host else None
@@ -332,6 +345,26 @@ class CallRunner:
             if self.device.is_same_memory(result, arr):
                 raise Fault(f"output {name!r} aliases input {in_name!r}: a kernel must write its own buffer")
         return result
+
+    def _alone(self, when: str, hooks: bool = False) -> None:
+        """An untrusted kernel's job: no Python thread that was not alive at the worker's start (a thread the
+        kernel started outlived the call that started it) and, with ``hooks``, no trace, profile or monitoring
+        hook, NumPy error callback, timer-signal handler or interval timer that was not there then. Either could
+        run candidate code between samples or during an empty batch (raising the loop's cost the accounting
+        allows: holding the GIL, burning a core); so none may exist (kbench.worker.watches.QuietWorld)."""
+        if not self.strict:
+            return
+        strangers = self.quiet.strangers()
+        if strangers:
+            more = f" and {len(strangers) - 1} more" if len(strangers) > 1 else ""
+            raise ThreadLeak(f"the kernel left threads still running: a thread it started ({strangers[0].name!r}"
+                             f"{more}) is alive {when}; no thread of candidate code may outlive the call that started "
+                             f"it (it could work, hold the GIL or burn a core while only the harness should run, e.g. "
+                             f"in the empty loop)")
+        changed = self.quiet.changed_hooks() if hooks else []
+        if changed:
+            raise Fault(f"harness tampering: {', '.join(changed[:4])} set by the kernel (found {when}): a hook runs "
+                        f"candidate code while only the harness should run")
 
     def _harness_fault(self, phase: str) -> str | None:
         if self.harness is None:

@@ -117,6 +117,54 @@ class HarnessSnapshot:
         return sorted(k for k in set(now) | set(self.items) if now.get(k) is not self.items.get(k))
 
 
+class QuietWorld:
+    """What could run candidate code while the harness alone should be running (an empty batch, the gaps between
+    samples), captured at the worker's start, before any candidate code: the Python threads alive then, the
+    trace, profile and monitoring hooks, NumPy's floating-point error callback, the handlers of the timer
+    signals and the interval timers. The call runner of an untrusted kernel holds every call to it (no thread
+    the kernel started may outlive the call that started it) and every batch to the rest, so no candidate code
+    can run during an empty batch: the empty loop's cost is the harness's own (docs/integrity.md)."""
+
+    SIGNALS = ("SIGALRM", "SIGVTALRM", "SIGPROF", "SIGUSR1", "SIGUSR2", "SIGIO", "SIGCHLD")
+
+    def __init__(self) -> None:
+        self.threads = frozenset(t.ident for t in threading.enumerate())
+        self.hooks = self._hooks()
+
+    @classmethod
+    def _hooks(cls) -> dict[str, Any]:
+        import signal
+
+        import numpy as np
+
+        hooks: dict[str, Any] = {"sys.settrace": sys.gettrace(), "sys.setprofile": sys.getprofile(),
+                                 "threading.settrace": getattr(threading, "_trace_hook", None),
+                                 "threading.setprofile": getattr(threading, "_profile_hook", None),
+                                 "numpy.seterrcall": np.geterrcall()}
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is not None:
+            for tool in range(6):
+                hooks[f"sys.monitoring tool {tool}"] = monitoring.get_tool(tool)
+        for name in cls.SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                hooks[f"signal handler {name}"] = signal.getsignal(number)
+        for name in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
+            which = getattr(signal, name, None)
+            if which is not None:
+                hooks[f"interval timer {name}"] = any(value > 0 for value in signal.getitimer(which))
+        return hooks
+
+    def strangers(self) -> list[threading.Thread]:
+        """Python threads alive now that were not alive at the worker's start."""
+        return [t for t in threading.enumerate() if t.ident not in self.threads]
+
+    def changed_hooks(self) -> list[str]:
+        now = self._hooks()
+        return sorted(k for k in set(now) | set(self.hooks) if now.get(k) != self.hooks.get(k)
+                      and now.get(k) is not self.hooks.get(k))
+
+
 def native_threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))

@@ -38,7 +38,8 @@ DEFAULT = {
     "timer_patch": ("failed", r"static check.*assignment to 'time.perf_counter_ns'"),
     "harness_patch": ("failed", r"static check.*assignment to 'numpy.linalg.norm'"),
     "input_modified": ("failed", r"input 'q' was modified"),
-    "zero_output": ("failed", r"relative L2 error 1 exceeds"),
+    # zeros score 1, or less where the reference is below the error floor (docs/integrity.md): 0.9 here
+    "zero_output": ("failed", r"relative L2 error (1|0\.[5-9]\d*) exceeds"),
     "low_precision": ("failed", r"relative L2 error .* exceeds the fp32 bound"),
     "forbidden_call": ("failed", r"static check.*forbidden 'torch.nn.functional.scaled_dot_product_attention'"),
     "segfault": ("crashed", r"SIGSEGV \(segmentation fault\)"),
@@ -63,6 +64,9 @@ DEFAULT = {
     # with slow correctness calls (refused statically by the policy; caught at run time below without it)
     "timer_restore": ("failed", r"static check.*setattr|harness tampering: time.perf_counter_ns replaced"),
     "slow_check_batches": ("failed", r"static check|samples do not add up"),
+    "empty_loop_burner": ("failed", r"static check"),
+    # issue 33: zeros on one call in eight; every timed call's output is checked (a few rows each)
+    "sometimes_zeros": ("failed", r"on a timed call|on trial"),
 }
 
 # the same exploits with static_checks: none -- what the checks at run time say
@@ -73,7 +77,8 @@ DYNAMIC = {
     "cache_by_content": ("passed", None),
     "copy_reference": ("failed", r"audit: refused gc.get_objects"),
     "timer_patch": ("failed", r"harness tampering: time.perf_counter_ns replaced|samples do not add up"),
-    "harness_patch": ("failed", r"harness tampering: numpy.linalg.norm replaced|relative L2 error 1 exceeds"),
+    "harness_patch": ("failed",
+                      r"harness tampering: numpy.linalg.norm replaced|relative L2 error (1|0\.[5-9]\d*) exceeds"),
     "honest_numpy": ("passed", None),
     # class 1: the inputs come from the run's secret, not the case id: the predicted answers are wrong
     "predicted_inputs": ("failed", r"relative L2 error .* exceeds .* on trial 0"),
@@ -100,6 +105,9 @@ DYNAMIC = {
     "timer_restore": ("failed", r"harness tampering: time.perf_counter_ns replaced, seen before a clock read"),
     # issue 33: batches sized by the parent's clock, one floor per record: the shaved samples do not add up
     "slow_check_batches": ("failed", r"harness tampering: kbench.worker.main.encode_reply replaced|samples do not add up"),
+    # issue 33: no thread of an untrusted kernel outlives its call, so nothing of it runs in the empty loop
+    "empty_loop_burner": ("failed", r"left threads still running: a thread it started \('burner'\) is alive after "
+                                    r"call 1"),
 }
 
 # class 10: with a loose tolerance, trivial answers pass the bound but not the trivial-predictor guard

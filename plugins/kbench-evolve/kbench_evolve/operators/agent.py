@@ -58,7 +58,7 @@ class AgentOperator(Operator):
                     add({"role": "tool", "tool_call_id": call.get("id"), "name": name[:64], "content": result})
                     if name in MEASURING:  # saved after each kbench run; cheap calls once per reply (below)
                         ctx.save()
-                    ctx.echo(f"  . {name[:40]}: {result.splitlines()[0][:100] if result else ''}")
+                    ctx.echo(f"  . {name[:40]}: {_first_line(result)[:100]}")
                     if tools.committed:
                         break
                 if tools.committed:
@@ -154,6 +154,15 @@ def compact(messages: list[dict], limit: int, keep_last: int = 12) -> int:
         size -= before - _size(m)
         elided += 1
     return elided
+
+
+def _first_line(text: str) -> str:
+    """The first line of a tool result worth a console line (inside a fence when it starts with one)."""
+    for line in (text or "").splitlines():
+        if line.startswith(("<untrusted ", "</untrusted ")):
+            continue
+        return line[2:] if line.startswith("| ") else line
+    return ""
 
 
 def _pending_calls(messages: list[dict]) -> tuple[list[dict], list[tuple[int, dict]]]:

@@ -150,3 +150,24 @@ def test_a_run_into_a_pipe_prints_a_line_per_record_while_it_runs(tmp_path):
     assert running, "the first line came only after the run ended"
     assert rest.startswith("[2/2 ") and "file:infinite_loop" in rest.splitlines()[0] and "timeout" in rest
     assert "case " in rest and "backend" in rest  # the table follows the lines
+
+
+def test_progress_lines_say_still_measuring_when_a_record_takes_long(monkeypatch):
+    import io
+    import time
+
+    import kbench.commands.run as run
+
+    monkeypatch.setattr(run, "HEARTBEAT", 0.3)
+    out = io.StringIO()
+    lines = run._progress_lines(out, 2)
+    try:
+        deadline = time.monotonic() + 30
+        while "still measuring" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines({"backend": "numpy", "case_id": "attention[x]", "status": "passed"}, 1, 2)
+    finally:
+        lines.stop()
+    first, *rest = out.getvalue().splitlines()
+    assert first.startswith("[0/2 0:") and first.endswith("] still measuring (0 s since the last record)"), first
+    assert rest[-1].startswith("[1/2 0:") and rest[-1].endswith("] numpy attention[x] passed"), rest

@@ -137,6 +137,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
         click.echo(f"\nkbench: {exc.how}; the records so far are in {planned.output} (marked incomplete); "
                    f"finish with: kbench run --resume {planned.output}", err=True)
         sys.exit(143 if "SIGTERM" in exc.how else 130)
+    finally:
+        if lines is not None:
+            lines.stop()
     least = planned.plan.timing.min_samples
     click.echo(records_table(writer.records, fmt, min_samples=least))
     click.echo(f"\n{status_summary(writer.records, least)}; results in {planned.output}", err=True)
@@ -189,26 +192,60 @@ def _executor_settings(opts) -> dict[str, str]:
     return settings
 
 
-def _progress_lines(stream, total: int):
+#: seconds without a finished record after which the log gets a "still measuring" line
+HEARTBEAT = 30.0
+
+
+class _ProgressLines:
     """``on_record`` writing one flushed line per finished record to ``stream``, for a log (`kbench run ... > log`,
-    CI, nohup): ``[ 12/84 1:05] numpy-flash attention[...] passed 1.2 ms``, a failure with its reason."""
-    import time
+    CI, nohup): ``[ 12/84 1:05] numpy-flash attention[...] passed 1.2 ms``, a failure with its reason; and after
+    :data:`HEARTBEAT` seconds without one, ``[ 12/84 2:05] still measuring (60 s since the last record)``."""
 
-    from kbench.record import Record
-    from kbench.tables import fmt_time
-    from kbench.text import safe_text
+    def __init__(self, stream, total: int) -> None:
+        import threading
+        import time
 
-    start = time.monotonic()
-    width = len(str(total))
+        self.stream, self.total, self.width = stream, total, len(str(total))
+        self.start = self.last_record = self.last_line = time.monotonic()
+        self.done, self.lock, self.stopped = 0, threading.Lock(), threading.Event()
+        threading.Thread(target=self._beat, name="kbench-progress", daemon=True).start()
 
-    def on_record(rec, i, n):
+    def _write(self, text: str) -> None:
+        import time
+
+        elapsed = int(time.monotonic() - self.start)
+        with self.lock:
+            self.stream.write(f"[{self.done:>{self.width}}/{self.total} {elapsed // 60}:{elapsed % 60:02d}] {text}\n")
+            self.stream.flush()
+
+    def __call__(self, rec, i, n) -> None:
+        import time
+
+        from kbench.record import Record
+        from kbench.tables import fmt_time
+        from kbench.text import safe_text
+
         r = Record.of(rec)
-        elapsed = int(time.monotonic() - start)
-        what = f"passed {fmt_time(r.median)}" if r.passed else safe_text(r.status_text)[:200]
-        stream.write(f"[{i:>{width}}/{n} {elapsed // 60}:{elapsed % 60:02d}] {safe_text(str(rec.get('backend')))} "
-                     f"{safe_text(str(rec.get('case_id')))} {what}\n")
-        stream.flush()
-    return on_record
+        self.done, self.total = i, n
+        self.last_record = self.last_line = time.monotonic()
+        what = f"passed {fmt_time(r.median)}".rstrip() if r.passed else safe_text(r.status_text)[:200]
+        self._write(f"{safe_text(str(rec.get('backend')))} {safe_text(str(rec.get('case_id')))} {what}")
+
+    def _beat(self) -> None:
+        import time
+
+        while not self.stopped.wait(min(HEARTBEAT / 3, 5.0)):
+            now = time.monotonic()
+            if now - self.last_line >= HEARTBEAT:
+                self.last_line = now
+                self._write(f"still measuring ({int(now - self.last_record)} s since the last record)")
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _progress_lines(stream, total: int) -> _ProgressLines:
+    return _ProgressLines(stream, total)
 
 
 def _run_with_progress(pm, planned, total, existing=(), lines=None):

@@ -51,9 +51,13 @@ def assert_caught(tmp_path, kernel: str, budget: int = 90) -> dict:
 def test_pow2_only_kernel_caught_and_shrunk(tmp_path):
     """Default tier: the kernel exact only on power-of-two key lengths is caught in a few seconds, shrunk to a
     length of 3 or 5 (the smallest that is not a power of two is 3)."""
+    from hypothesis.configuration import storage_directory
+
+    before = storage_directory(intent_to_write=False).home_directory
     entry = assert_caught(tmp_path, "pow2_only.py", budget=40)
     assert entry["failure"]["case"]["seqlen_kv"] in (3, 5, 6)
     assert entry["failure"]["status"] == "failed" and "relative L2" in entry["failure"]["reason"]
+    assert storage_directory(intent_to_write=False).home_directory == before   # the session's Hypothesis home
 
 
 @pytest.mark.slow
@@ -101,11 +105,21 @@ def test_one_worker_for_the_whole_fuzz_and_the_seed_repeats(tmp_path):
 
 
 def test_clean_backend_exits_0_saying_how_many(tmp_path):
-    res, report = fuzz(tmp_path, "-b", "numpy", "--budget", "3", "--seed", "1", "--dtype", "fp32")
-    assert res.exit_code == 0, res.output
-    (entry,) = report["backends"]
+    """As a command of its own: exit 0, the count, and no ``.hypothesis`` directory left where it ran (Hypothesis's
+    files go to the user's cache)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", "from kbench.cli import main; main()", "fuzz", "-b", "numpy", "--budget", "3", "--seed", "1",
+                           "--dtype", "fp32", "-o", "report.json"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads((tmp_path / "report.json").read_text())["backends"]
     assert entry["failure"] is None and entry["checked"] >= 1
-    assert f"no failure; {entry['checked']} cases checked" in res.output
+    assert f"no failure; {entry['checked']} cases checked" in proc.stdout
+    assert not (tmp_path / ".hypothesis").exists() and (tmp_path / "cache" / "kbench" / "hypothesis").is_dir()
 
 
 @pytest.mark.parametrize("args, message", [

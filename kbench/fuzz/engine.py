@@ -10,11 +10,13 @@ the answer (still a real failure, found and checked). The failing case goes into
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kbench.backends import Backend
 from kbench.errors import KbenchError
@@ -156,7 +158,8 @@ def fuzz(backend: Backend, checker: Checker, space: Space, *, budget: float, see
                     print_blob=False, derandomize=False)(test)
     test = hseed(seed)(test)
     try:
-        test()
+        with _hypothesis_home():
+            test()
     except HarnessFailed as exc:
         raise FuzzEnvironmentError(f"the harness could not check {backend.name}: {exc.reason}") from None
     except (OutOfTime, CaseFailed):
@@ -174,6 +177,21 @@ def fuzz(backend: Backend, checker: Checker, space: Space, *, budget: float, see
         result.failure.rel_l2, result.failure.bound = correctness.get("rel_l2"), correctness.get("bound")
         result.failure.failing_checks = len(failing)
     return result
+
+
+@contextmanager
+def _hypothesis_home() -> Iterator[None]:
+    """Hypothesis's own files (its cache of constants; no example database here) under the user's cache
+    (``$XDG_CACHE_HOME/kbench/hypothesis``), not in a ``.hypothesis`` directory of wherever ``kbench fuzz`` is
+    run; the previous home is put back after (a test session's own Hypothesis keeps its directory)."""
+    from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
+
+    before = storage_directory(intent_to_write=False).home_directory
+    set_hypothesis_home_dir(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbench" / "hypothesis")
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(before)
 
 
 def _unsupported(backend: Backend, case) -> str | None:

@@ -45,6 +45,9 @@ TARGET_BATCH_SECONDS = 0.02
 RECHECK_SLOT = 2 * MAX_POOL
 #: an untrusted kernel's batch size changes when the parent's clock asks for this factor more or fewer calls
 RESIZE_RATIO = 1.5
+#: bytes of outputs collected from one batch at most: beyond it (huge outputs on a large GPU pool) a random part
+#: of the batch's calls, picked after the reply, is checked instead of every call
+COLLECT_BYTES = 256 * 2**20
 #: rows of each other timed call of an untrusted kernel's batch verified (picked after the reply)
 CALL_ROWS = 4
 #: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
@@ -81,6 +84,7 @@ class Judge:
         self.phases: dict[str, float] = {}
         self.checked: list[tuple[tuple[int, int], dict[str, np.ndarray]]] = []   # correctness calls' outputs
         self.check_wall = 0.0
+        self.collect_cap = 1
         self.ended = False
 
     # -- the channel ---------------------------------------------------------------------------
@@ -147,7 +151,9 @@ class Judge:
         ctx, case, op = self.ctx, self.case, self.ctx.op
         out_dtype = op.output_dtype(case)
         # an untrusted kernel's every timed call is collected after its batch: room for a whole batch's outputs
-        slots = max(ctx.check.seeds, 1) if self.trusted else max(ctx.check.seeds, 1, self._pool_cap())
+        per_call = Layout.plan(op.output_shapes(case), out_dtype.numpy, 1).nbytes
+        self.collect_cap = max(1, min(self._pool_cap(), COLLECT_BYTES // max(per_call, 1)))
+        slots = max(ctx.check.seeds, 1) if self.trusted else max(ctx.check.seeds, 1, self.collect_cap)
         self.layout = Layout.plan(op.output_shapes(case), out_dtype.numpy, slots)
         fd = arena_file(self.layout.nbytes)
         try:
@@ -408,6 +414,9 @@ class Judge:
         if self.trusted:
             return
         rest = [c for i, c in enumerate(calls) if i != full]
+        if len(rest) > self.collect_cap:  # outputs too large to copy a whole batch's: as many as fit, picked now
+            picked = sorted(self.rng.choice(len(rest), size=self.collect_cap, replace=False))
+            rest = [rest[int(i)] for i in picked]
         if rest:
             outputs = self._collect([s for s, _ in rest], inputs=False)
             for (_, key), got in zip(rest, outputs):

@@ -316,11 +316,15 @@ def getattr_kill():
 def map_kill():
     return list(map(os.kill, [os.getpid()], [0]))
 
+START = "_start_new_thread" if hasattr(threading, "_start_new_thread") else "_start_joinable_thread"  # 3.13
+
 def raw_thread():
-    return threading._start_new_thread(os.kill, (os.getpid(), 0))
+    if START == "_start_new_thread":
+        return threading._start_new_thread(os.kill, (os.getpid(), 0))
+    return threading._start_joinable_thread(functools.partial(os.kill, os.getpid(), 0))
 
 def gate_replaced():
-    threading._start_new_thread = threading._start_new_thread._start
+    setattr(threading, START, getattr(threading, START)._start)
 '''
 
 #: attack -> (the start of its first refusal, whether the candidate's own call raises it)
@@ -335,7 +339,7 @@ LAUNDERED_EXPECTED = {
     "getattr_kill": ("audit: refused os.kill", True),
     "map_kill": ("audit: refused os.kill", True),
     "raw_thread": ("audit: refused a raw thread started by candidate code", True),
-    "gate_replaced": ("audit: refused threading._start_new_thread replaced", False),
+    "gate_replaced": ("audit: refused threading._start_", False),
 }
 
 

@@ -116,7 +116,7 @@ class Guard:
         #: threads started while candidate code was on the stack (or by such a thread): theirs, whatever they run
         self.tainted: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         self._files: dict[str, bool] = {}   # code file -> in the scratch directory (realpath once per file)
-        self.thread_gate: _ThreadGate | None = None
+        self.thread_gates: dict[str, _ThreadGate] = {}   # threading's start function(s) -> the gate in place
 
     # -- the hook
 
@@ -313,28 +313,34 @@ class Guard:
     def drain(self) -> list[str]:
         """The events refused since the last call (facts for the judge, which fails the record on any), and the
         thread gate found replaced (threads a kernel starts would no longer be known as its)."""
-        if self.thread_gate is not None and threading._start_new_thread is not self.thread_gate:  # type: ignore[attr-defined]
-            self.refusals.append("audit: refused threading._start_new_thread replaced (harness tampering: threads "
-                                 "started by candidate code would no longer be known as its)")
-            threading._start_new_thread = self.thread_gate  # type: ignore[attr-defined]
+        for attr, gate in self.thread_gates.items():
+            if getattr(threading, attr, None) is not gate:
+                self.refusals.append(f"audit: refused threading.{attr} replaced (harness tampering: threads "
+                                     f"started by candidate code would no longer be known as its)")
+                setattr(threading, attr, gate)
         refused, self.refusals = self.refusals, []
         return refused
 
 
-class _ThreadGate:
-    """``threading._start_new_thread`` while the guard is installed: a thread started with candidate code on the
-    stack (or from a thread it started) is the candidate's, so what its target does is refused as the candidate's
-    (``threading.Thread(target=os.kill, ...)``); a raw thread (not a ``threading.Thread``) it is refused outright.
+#: threading's functions that start a thread: 3.10-3.12 ``_start_new_thread``, 3.13+ ``_start_joinable_thread``
+_THREAD_STARTS = ("_start_new_thread", "_start_joinable_thread")
 
-    Python 3.11 raises no audit event when a thread starts (3.13 does), hence a wrapper of the one function every
-    ``threading.Thread`` starts through. Candidate code could find the original through the wrapper; the static
-    policy forbids ``threading._*`` and ``sys.modules``, and :meth:`Guard.drain` puts the wrapper back and says
-    so when it was replaced."""
+
+class _ThreadGate:
+    """``threading._start_new_thread`` (3.13: ``_start_joinable_thread``) while the guard is installed: a thread
+    started with candidate code on the stack (or from a thread it started) is the candidate's, so what its target
+    does is refused as the candidate's (``threading.Thread(target=os.kill, ...)``); a raw thread (not a
+    ``threading.Thread``) started by candidate code is refused outright.
+
+    Python 3.10-3.12 raise no audit event when a thread starts, hence a wrapper of the function every
+    ``threading.Thread`` starts through (whichever name this Python has). Candidate code could find the original
+    through the wrapper; the static policy forbids ``threading._*`` and ``sys.modules``, and :meth:`Guard.drain`
+    puts the wrapper back and says so when it was replaced."""
 
     def __init__(self, guard: Guard, start: Any) -> None:
         self._guard, self._start = guard, start
 
-    def __call__(self, function: Any, args: tuple, *kwargs: Any) -> Any:
+    def __call__(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         guard = self._guard
         busy, was = guard._busy, getattr(guard._busy, "on", False)
         busy.on = True  # the gate's own sys._getframe is not the candidate's
@@ -350,7 +356,7 @@ class _ThreadGate:
                 why = f"audit: refused a raw thread started by candidate code {_short((function,))}"
                 guard.refusals.append(why)
                 raise AuditRefused(why)
-        return self._start(function, args, *kwargs)
+        return self._start(function, *args, **kwargs)
 
 
 class _ImportGate:
@@ -375,8 +381,11 @@ def install(scratch: str, *, system_roots: Iterable[str] = ()) -> Guard:
     """Add the audit hook for this process (for good: audit hooks cannot be removed) and return its state."""
     guard = Guard(scratch, system_roots=system_roots)
     sys.meta_path.insert(0, _ImportGate(guard))
-    guard.thread_gate = _ThreadGate(guard, threading._start_new_thread)  # type: ignore[attr-defined]
-    threading._start_new_thread = guard.thread_gate  # type: ignore[attr-defined]
+    for attr in _THREAD_STARTS:  # the one(s) this Python's threading.Thread.start goes through
+        start = getattr(threading, attr, None)
+        if start is not None:
+            guard.thread_gates[attr] = _ThreadGate(guard, start)
+            setattr(threading, attr, guard.thread_gates[attr])
     sys.addaudithook(guard)
     return guard
 

@@ -60,6 +60,19 @@ A2A_EFF = 0.3
 A2A_LATENCY = 8e-6
 
 
+#: attention data parallelism: a step waits for the busiest rank. With ``b`` requests spread over ``dp`` ranks
+#: at random, the busiest holds about ``b/dp + c sqrt(b/dp)``, ``c`` the expected maximum of ``dp`` standard normals
+DP_MAX_NORMAL = {1: 0.0, 2: 0.564, 4: 1.029, 8: 1.424, 16: 1.766}
+
+
+def dp_imbalance(batch: float, dp: int) -> float:
+    """How much longer the busiest of ``dp`` data-parallel ranks' attention takes than the mean rank's."""
+    if dp <= 1:
+        return 1.0
+    c = DP_MAX_NORMAL.get(dp) or DP_MAX_NORMAL[min(DP_MAX_NORMAL, key=lambda d: abs(d - dp))]
+    return 1.0 + c / math.sqrt(max(1.0, batch / dp))
+
+
 def smooth_max(a: float, b: float) -> float:
     """max(a, b) rounded off where the two are close: (a^p + b^p)^(1/p)."""
     hi = a if a > b else b

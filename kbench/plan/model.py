@@ -185,7 +185,16 @@ class DeviceModel:
         """Tokens of KV cache an instance holds (its pp lanes share them: a request's KV is split over the
         stages by layer, so one request may use the whole room)."""
         replicated = (par.dp - 1) * self.attention_weight_bytes    # each data-parallel rank holds attention whole
-        return max(0, math.floor((self.kv_room(par.devices) - replicated) / self.kv_per_token))
+        copies = par.tp * par.dp / self.kv_split(par)               # KV heads held twice where tp > KV heads
+        return max(0, math.floor((self.kv_room(par.devices) - replicated) / (self.kv_per_token * copies)))
+
+    def kv_split(self, par: Parallel) -> int:
+        """Over how many devices a token's KV cache is split: the data-parallel ranks times the tensor-parallel
+        devices up to the KV heads (beyond them each head is held by tp / heads devices; MLA's latent by every
+        tensor-parallel device)."""
+        if self.model.mla is not None:
+            return par.dp
+        return min(par.tp, self.model.heads_kv) * par.dp
 
     def lane_tokens(self, par: Parallel) -> float:
         """An instance's KV room per lane, on average: what a lane's batch is sized from."""
@@ -282,7 +291,7 @@ class DeviceModel:
 
     def kv_write_seconds(self, par: Parallel) -> float:
         """Seconds to write one token's KV cache on an instance."""
-        return self.kv_per_token / (par.tp * par.dp * self.memory.value)
+        return self.kv_per_token / (self.kv_split(par) * self.memory.value)
 
     def pass_parts(self, tokens: int, par: Parallel) -> tuple[float, float, float]:
         """A pass's time as ``max(a, b + KV writes) + extra``: roofline, a = matmul compute, b = weight reads,
@@ -337,13 +346,13 @@ class DeviceModel:
         roofline rate (shaped: at the fraction of the bandwidth a layer of that size reaches), or at the roofline
         the attention FLOPs where they take longer."""
         par = as_parallel(par)
-        devices = par.tp * par.dp
+        devices = self.kv_split(par)
         kv = self.kv_read_rate(round(context), self.work(batch / par.dp, par.tp))
         if kv.origin == "measured":
             return self.kv_per_token / (devices * kv.value), kv
         if self.shaped:
             layer = batch * context * self.kv_per_token / (devices * self.bandwidth * self.model.layers)
-            eff = kernels.decode_attention_efficiency(layer)
+            eff = kernels.decode_attention_efficiency(layer) / kernels.dp_imbalance(batch, par.dp)
             return self.kv_per_token / (devices * self.bandwidth * eff), kv
         t = self.kv_per_token / (devices * kv.value)
         return max(t, self.pair_flops["decode"] / (devices * self.compute.value)), kv

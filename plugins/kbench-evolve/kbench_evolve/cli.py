@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +17,20 @@ from kbench_evolve.prompt import text_of
 WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), default=None,
                          help="Directory of lineages (default: $KBENCH_EVOLVE_DIR or ./evolve).")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
+
+
+#: control characters a model or a kernel could put in text this command prints (ANSI escapes, carriage
+#: returns rewriting a line, OSC sequences setting the window title or a hyperlink): shown escaped, never sent
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text) -> str:
+    """``text`` safe for a terminal: control characters but newline and tab written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def _echo(text="", **kw) -> None:
+    click.echo(printable(text), **kw)
 
 
 def _lineage(workspace, name):
@@ -81,7 +96,7 @@ def init_command(pm, name, seed, suite, workspace, device):
         shutil.rmtree(lineage.root, ignore_errors=True)
         raise
     lineage.log_attempt({"operator": "seed", "outcome": "committed", "version": v.label, "geomean": m.geomean})
-    click.echo(f"lineage {name} in {lineage.root}: v1 = {seed} ({m.geomean:.4g} TFLOP/s geomean over "
+    _echo(f"lineage {name} in {lineage.root}: v1 = {seed} ({m.geomean:.4g} TFLOP/s geomean over "
                f"{len(m.scores)} cases); backend evolved:{name}")
 
 
@@ -289,10 +304,10 @@ def _run(pm, lineage, state):
 
         install_script(options["script"], lineage.root / "replay-position.json")
     kb = KnowledgeBase(options.get("knowledge", ()))
-    status = run_evolution(pm, lineage, state, device=options.get("device", "auto"), knowledge=kb, echo=click.echo)
+    status = run_evolution(pm, lineage, state, device=options.get("device", "auto"), knowledge=kb, echo=_echo)
     champ = lineage.champion()
     s = state["spent"]
-    click.echo(f"{status}: {s['iterations']} variations, {s['commits']} commits, {s['bench_calls']} benchmark "
+    _echo(f"{status}: {s['iterations']} variations, {s['commits']} commits, {s['bench_calls']} benchmark "
                f"runs, {s['tokens']} tokens, {cost_text(s)}, {s['time']:.0f} s; champion {champ.label} "
                f"{champ.geomean:.4g} TFLOP/s (backend evolved:{lineage.name})")
     if status in ("paused", "environment"):
@@ -346,7 +361,7 @@ def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_ti
                       if v is not None and state["options"].get(k) != v}
     state["budget"] = {**state["budget"], **overrides}
     if state.get("status") not in RESUMABLE and not overrides:
-        click.echo(f"the last {state['operator']} run of {name} ended ({state['status']}); give a larger budget "
+        _echo(f"the last {state['operator']} run of {name} ended ({state['status']}); give a larger budget "
                    f"(e.g. --iterations) to continue it")
         return
     if option_changes:
@@ -356,7 +371,7 @@ def resume_command(pm, name, iterations, max_steps, max_tokens, max_cost, max_ti
         state["options"] = {**state["options"], **option_changes}
     if operator_registry(pm).get(state["operator"]).uses_llm:
         _preflight(state["options"], state["budget"].get("max_cost"))
-    click.echo(f"resuming the {state['operator']} run of {name} (status {state.get('status')}, "
+    _echo(f"resuming the {state['operator']} run of {name} (status {state.get('status')}, "
                f"{state['spent']['iterations']} variations done"
                + (f"; now {', '.join(f'{k}={v}' for k, v in option_changes.items())}" if option_changes else "")
                + ")")
@@ -375,22 +390,22 @@ def log_command(name, attempts, workspace):
         m = v.meta
         parent = f"v{m['parent']}" if m.get("parent") else "-"
         click.secho(f"version {v.label}  {v.geomean:.4g} TFLOP/s geomean", fg="yellow")
-        click.echo(f"Parent:   {parent}\nOperator: {m.get('operator')}\nDate:     {m.get('committed')}\n"
+        _echo(f"Parent:   {parent}\nOperator: {m.get('operator')}\nDate:     {m.get('committed')}\n"
                    f"Suite:    {m.get('suite')}")
         d = m.get("decision")
         if isinstance(d, dict):
-            click.echo(f"Decision: {_decision_text(lineage, m, d)}")
-        click.echo("")
+            _echo(f"Decision: {_decision_text(lineage, m, d)}")
+        _echo("")
         for line in text_of(m.get("rationale")).splitlines() or [""]:
-            click.echo(f"    {line}")
-        click.echo("    " + "  ".join(f"{_short(c)}={s:.4g}" for c, s in sorted((m.get("scores") or {}).items())))
-        click.echo("")
+            _echo(f"    {line}")
+        _echo("    " + "  ".join(f"{_short(c)}={s:.4g}" for c, s in sorted((m.get("scores") or {}).items())))
+        _echo("")
     tried = lineage.attempts()
     rejected = [a for a in tried if a.get("outcome") in ("rejected", "abandoned")]
-    click.echo(f"{len(versions)} versions, {len(rejected)} rejected or abandoned attempts (see --attempts)")
+    _echo(f"{len(versions)} versions, {len(rejected)} rejected or abandoned attempts (see --attempts)")
     if attempts:
         for a in rejected:
-            click.echo(f"  {text_of(a.get('time'), 32)} {text_of(a.get('operator'), 20):7s} {text_of(a.get('sha'), 8)} "
+            _echo(f"  {text_of(a.get('time'), 32)} {text_of(a.get('operator'), 20):7s} {text_of(a.get('sha'), 8)} "
                        f"{text_of(a.get('outcome'), 20):9s} {text_of(a.get('reason'), 140)}")
 
 
@@ -428,14 +443,14 @@ def show_command(name, version, source, workspace):
 
     v = _lineage(workspace, name).version(version)
     m = v.meta
-    click.echo(f"{name} {v.label}: {v.geomean:.4g} TFLOP/s geomean; operator {m.get('operator')}; parent "
+    _echo(f"{name} {v.label}: {v.geomean:.4g} TFLOP/s geomean; operator {m.get('operator')}; parent "
                f"{'v' + str(m['parent']) if m.get('parent') else '-'}; committed {m.get('committed')}\n"
                f"suite {m.get('suite')}; file {v.kernel_path}\nrationale: {m.get('rationale')}\n")
     rows = [[_short(c), f"{s:.4g}", (m.get("profile") or {}).get(c, {}).get("median_s")]
             for c, s in sorted((m.get("scores") or {}).items())]
-    click.echo(tabulate(rows, headers=["case", "TFLOP/s", "median s"]))
+    _echo(tabulate(rows, headers=["case", "TFLOP/s", "median s"]))
     if source:
-        click.echo("\n" + v.source)
+        _echo("\n" + v.source)
 
 
 @evolve_group.command("diff")
@@ -452,10 +467,10 @@ def diff_command(name, version, other, workspace):
     else:
         parent = new.meta.get("parent")
         if not parent:
-            click.echo(f"{new.label} has no parent")
+            _echo(f"{new.label} has no parent")
             return
         old = lineage.version(parent)
-    click.echo("".join(difflib.unified_diff(old.source.splitlines(keepends=True), new.source.splitlines(keepends=True),
+    _echo("".join(difflib.unified_diff(old.source.splitlines(keepends=True), new.source.splitlines(keepends=True),
                                             f"{name}@{old.label}", f"{name}@{new.label}")))
 
 
@@ -475,7 +490,7 @@ def transfer_command(pm, name, suite, workspace, device):
 
     _private_workspace(workspace)
     lineage = _lineage(workspace, name)
-    with measuring(lineage, click.echo):
+    with measuring(lineage, _echo):
         _transfer(pm, lineage, name, suite, device)
 
 
@@ -498,7 +513,7 @@ def _transfer(pm, lineage, name, suite, device) -> None:
                                       "scores": m.zeroed(), "geomean": m.geomean, "profile": m.profile,
                                       "result_files": [m.result_file]})
     lineage.log_attempt({"operator": "transfer", "outcome": "committed", "version": v.label, "geomean": m.geomean})
-    click.echo(f"{name}: {v.label} continues on {suite} ({m.geomean:.4g} TFLOP/s geomean over {len(m.scores)} cases)")
+    _echo(f"{name}: {v.label} continues on {suite} ({m.geomean:.4g} TFLOP/s geomean over {len(m.scores)} cases)")
 
 
 @evolve_group.command("list")
@@ -511,7 +526,7 @@ def list_command(workspace):
         vs = lin.versions()
         state = lin.load_state() or {}
         champ = f"{vs[-1].label} {vs[-1].geomean:.4g} TFLOP/s" if vs else "no versions"
-        click.echo(f"{lin.name:20s} {champ:28s} suite {lin.current_suite()}  last run: {state.get('status', '-')}")
+        _echo(f"{lin.name:20s} {champ:28s} suite {lin.current_suite()}  last run: {state.get('status', '-')}")
 
 
 @evolve_group.command("operators")
@@ -522,7 +537,7 @@ def operators_command(pm):
 
     reg = operator_registry(pm)
     for name, cls in sorted(reg.operators.items()):
-        click.echo(f"{name:8s} {cls.description}  [plugin {reg.owners[name]}]")
+        _echo(f"{name:8s} {cls.description}  [plugin {reg.owners[name]}]")
 
 
 @evolve_group.command("seeds")
@@ -536,12 +551,12 @@ def seeds_command():
         if entry.name.endswith(".py"):
             # first word: where it runs; "cpu" stays the NumPy seed's alone (scripts pick it with /^cpu/)
             kind = "torch" if entry.name.startswith("torch") else "cpu"
-            click.echo(f"{kind:5s} {entry}")
+            _echo(f"{kind:5s} {entry}")
     spec = importlib.util.find_spec("kbench_triton")
     seeds_dir = Path(spec.origin).parent / "seeds" if spec and spec.origin else None
     # the FA2-style Triton seed (any sm_80+ GPU) and the Hopper one (TMA, warp specialisation; sm_90+)
     for kind, file in (("cuda", "triton_attention_seed.py"), ("sm90", "triton_hopper_seed.py")):
         if seeds_dir is not None and (seeds_dir / file).is_file():
-            click.echo(f"{kind:5s} {seeds_dir / file}")
+            _echo(f"{kind:5s} {seeds_dir / file}")
         else:
-            click.echo(f"{kind:5s} (install kbench-triton for this Triton seed, kbench_triton/seeds/{file})")
+            _echo(f"{kind:5s} (install kbench-triton for this Triton seed, kbench_triton/seeds/{file})")

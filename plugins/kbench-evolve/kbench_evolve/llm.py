@@ -76,17 +76,33 @@ def valid_text(value: Any) -> str | None:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
+#: a reply's text and one tool call's arguments are kept up to this many characters (a tool's longest argument is
+#: 400,000): a provider's 300 MB reply would otherwise be stored, resent, and make state.json unreadable
+REPLY_CHARS = 500_000
+#: tool calls of one reply kept at most (the agent runs far fewer: kbench_evolve.tools.Limits)
+REPLY_CALLS = 256
+
+
+def _kept(text: str | None, limit: int = REPLY_CHARS) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
 def message_to_dict(message: Any) -> dict[str, Any]:
-    """An assistant message as a plain dict (what we store and send back next turn), its text valid Unicode."""
-    out: dict[str, Any] = {"role": "assistant", "content": valid_text(getattr(message, "content", None))}
-    calls = getattr(message, "tool_calls", None) or []
+    """An assistant message as a plain dict (what we store and send back next turn), its text valid Unicode
+    and bounded (:data:`REPLY_CHARS`, :data:`REPLY_CALLS`)."""
+    out: dict[str, Any] = {"role": "assistant", "content": _kept(valid_text(getattr(message, "content", None)))}
+    calls = list(getattr(message, "tool_calls", None) or [])
     if calls:
         out["tool_calls"] = []
-        for i, c in enumerate(calls):
+        for i, c in enumerate(calls[:REPLY_CALLS]):
             fn = getattr(c, "function", None)
-            out["tool_calls"].append({"id": valid_text(getattr(c, "id", None)) or f"call_{i}", "type": "function",
-                                      "function": {"name": valid_text(getattr(fn, "name", None)) or "",
-                                                   "arguments": valid_text(getattr(fn, "arguments", None)) or "{}"}})
+            out["tool_calls"].append({"id": _kept(valid_text(getattr(c, "id", None)), 128) or f"call_{i}",
+                                      "type": "function",
+                                      "function": {"name": _kept(valid_text(getattr(fn, "name", None)), 128) or "",
+                                                   "arguments": _kept(valid_text(getattr(fn, "arguments", None)))
+                                                   or "{}"}})
     return out
 
 

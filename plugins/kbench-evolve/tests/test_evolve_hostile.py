@@ -73,8 +73,11 @@ def seeded(tmp_path_factory):
     base = tmp_path_factory.mktemp("hostile-seed")
     (base / "tiny.yaml").write_text(TINY_SUITE)
     (base / "bad_seed.py").write_text(bad_seed_source())
-    res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
-                                   str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
+    for _ in range(3):  # the seed's run on a machine loaded by other jobs may trip the harness's accounting check
+        res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
+                                       str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
+        if res.exit_code == 0 or "samples do not add up" not in res.output:
+            break
     assert res.exit_code == 0, res.output
     return base / "evolve" / "t"
 
@@ -382,16 +385,34 @@ def test_log_prints_the_re_measured_parent_beside_a_committed_child(lineage):
             f"this version 0.75), 95% CI [1.200, 1.800]") in res.output, res.output
 
 
-def test_huge_replies_are_elided_from_the_conversation_once_it_outgrows_its_limit(lineage, api_key):
-    # 6cf3c74: every assistant turn stayed whole, so one 600,000-character reply was resent on every later call
-    # (and kept growing state.json) however far back it was
-    script = ([reply("A" * 600_000, tool_calls=[("list_versions", {})])]
+def test_huge_replies_are_cut_and_elided_from_the_conversation_once_it_outgrows_its_limit(lineage, api_key):
+    # 6cf3c74: a reply was kept whole however long, and every assistant turn stayed in the conversation, so one
+    # 2,000,000-character reply was resent on every later call (and kept growing state.json)
+    script = ([reply("A" * 2_000_000, tool_calls=[("list_versions", {})])]
               + [reply(tool_calls=[("list_versions", {})])] * 7 + [reply("GIVE UP: done")])
     with ScriptedOpenAI(script) as server:
         res = agent_run(server, steps="10")
     assert res.exit_code == 0, res.output
-    assert len(json.dumps(server.requests[1]["messages"])) > 600_000  # sent while it was recent
+    assert 500_000 < len(json.dumps(server.requests[1]["messages"])) < 600_000  # kept, cut at 500,000 characters
     last = server.requests[-1]["messages"]
     assert len(json.dumps(last)) < 250_000
-    assert any(m["role"] == "assistant" and m["content"] == "[elided: 600000 characters of an earlier reply]"
-               for m in last)
+    assert any(m["role"] == "assistant" and re.fullmatch(r"\[elided: 5\d{5} characters of an earlier reply\]",
+                                                         str(m["content"])) for m in last)
+
+
+def test_text_from_the_model_or_a_kernel_cannot_drive_the_terminal(lineage, api_key):
+    # 6cf3c74: a note or a rationale with escape sequences (clear the screen, set the window title) was printed
+    # as is by `evolve run` and `evolve log`
+    v1 = lineage.champion()
+    lineage.commit(v1.source + "\n# v2\n", {"operator": "agent", "parent": 1, "rationale": "tiles\x1b[2J\x1b]0;pwned\x07",
+                                           "suite": v1.meta["suite"], "scores": v1.scores, "geomean": 1.0})
+    script = [reply(tool_calls=[("write_memory", {"note": "\x1b]0;pwned\x07 hello\rXX"}), ("read_memory", {})]),
+              reply("GIVE UP: done")]
+    with ScriptedOpenAI(script) as server:
+        res = agent_run(server)
+    assert res.exit_code == 0, res.output
+    assert "read_memory: - \\x1b]0;pwned\\x07 hello" in res.output
+    log = evolve("log", "t")
+    assert log.exit_code == 0 and "tiles\\x1b[2J\\x1b]0;pwned\\x07" in log.output
+    for out in (res.output, log.output):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)

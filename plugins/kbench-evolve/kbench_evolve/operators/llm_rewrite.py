@@ -63,6 +63,7 @@ class LLMRewriteOperator(Operator):
             ctx.step()
             reply = client.complete(messages, compact=on_overflow)
             append_jsonl(trajectory, usage_entry(reply, client))
+            reply = {"role": "assistant", "content": reply.get("content")}  # no tools here: tool calls are not kept
             text = reply.get("content") or ""
             if text.strip().upper().startswith("GIVE UP"):  # the system prompt's convention
                 return "the model gave up: " + text.strip()[:120]

@@ -47,7 +47,9 @@ class DecodeAttentionOp(Op):
     parameters = (
         _ATTENTION_PARAMS["batch"],
         Param("seqlen_q", int, 1, minimum=1, short="sq", help=f"new query tokens, 1..{MAX_QUERY_TOKENS}"),
-        *(_ATTENTION_PARAMS[n] for n in ("seqlen_kv", "heads_q", "heads_kv", "head_dim", "dtype")),
+        *(_ATTENTION_PARAMS[n] for n in ("seqlen_kv", "heads_q", "heads_kv", "head_dim")),
+        Param("dtype", str, "fp32", choices=("fp32", "fp16", "bf16"),
+              help="element type (no fp8_e4m3: decode attention has no FP8 KV cache yet)"),
         Param("page_size", int, 0, minimum=0, short="page",
               help="tokens per page of a paged KV cache; 0 = one contiguous cache per sequence"),
         Param("pool_factor", int, POOL_FACTOR, minimum=1, short="pool",
@@ -68,9 +70,6 @@ class DecodeAttentionOp(Op):
                             "the new tokens too")
         if params["heads_q"] % params["heads_kv"]:
             raise CaseError(f"heads_q={params['heads_q']} is not a multiple of heads_kv={params['heads_kv']}")
-        if params["dtype"] == "fp8_e4m3":
-            raise CaseError("dtype fp8_e4m3: decode attention has no FP8 cache yet (the attention op takes FP8 "
-                            "with per-tensor scales); use bf16 or fp16")
         if not params["page_size"] and params["pool_factor"] != POOL_FACTOR:
             raise CaseError(f"pool_factor={params['pool_factor']} without a paged cache: set page_size > 0 "
                             "(or drop pool_factor)")

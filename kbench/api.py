@@ -127,7 +127,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "profile_from_output": ("kbench.profiling", "profile_from_output"),  # record["profile"] from ncu's CSV
     "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads
     # what untrusted code may read, and what counts as a secret (an evolver keeps its workspace and the model's text clear)
-    "sandbox_readable_roots": ("kbench.run.sandbox", "readable_roots"),
+    "sandbox_readable_roots": ("kbench.run.sandbox", "readable_places"),  # folders and files a sandboxed kernel can read
     "is_secret": ("kbench.run.sandbox", "is_secret"),  # is_secret(name, value): a credential-looking variable
     # the counter-based input generator (kbench.ops.inputs): an op declares its inputs as InputSpecs, a device
     # plugin draws them where they live (Device.generate) and checks its draws against the host's
@@ -188,7 +188,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.results import atomic_write_json, load_result, now_iso
     from kbench.run.runner import RunInterrupted, RunRequest, pick_device, plan_run, resume_request, run_suite
     from kbench.run.sandbox import is_secret
-    from kbench.run.sandbox import readable_roots as sandbox_readable_roots
+    from kbench.run.sandbox import readable_places as sandbox_readable_roots
     from kbench.selection import BackendPattern
     from kbench.kernelfile import KernelFileRef
     from kbench.suite import Suite, load_suite, suite_from_data

@@ -239,6 +239,13 @@ def readable_roots() -> list[str]:
     return kept
 
 
+def readable_places() -> list[str]:
+    """Everything a sandboxed worker can read: :func:`readable_roots`, the system directories and the files of
+    ``/etc`` that are bound (a place to keep nothing private in, e.g. an evolve workspace)."""
+    places = readable_roots() + [d for d in SYSTEM_DIRS if os.path.exists(d)]
+    return places + [f"/etc/{name}" for name in ETC_FILES if os.path.exists(f"/etc/{name}")]
+
+
 def bwrap_command(binary: str, argv: Iterable[str], *, scratch: str, binds: Iterable[str] = (),
                   writable_limit: int | None = SCRATCH_LIMIT) -> list[str]:
     """The bwrap command line that runs ``argv`` sandboxed, with ``scratch`` its working directory.

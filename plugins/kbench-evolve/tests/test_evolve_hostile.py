@@ -147,6 +147,9 @@ def test_workspace_under_a_folder_candidates_can_read_is_refused(project, tiny_s
                  "--device", "cpu")
     assert res.exit_code == 2, res.output
     assert "sandboxed candidate kernels can read" in res.output and not ws.exists()
+    system = Path("/usr/lib/kbench-hostile-test-workspace")  # a system folder every sandbox binds
+    res = evolve("resume", "t", "--workspace", str(system))
+    assert res.exit_code == 2 and "sandboxed candidate kernels can read" in res.output and not system.exists()
 
 
 LOOT = '''

@@ -96,11 +96,15 @@ def message_to_dict(message: Any) -> dict[str, Any]:
     calls = list(getattr(message, "tool_calls", None) or [])
     if calls:
         out["tool_calls"] = []
+        seen: set[str] = set()
         for i, c in enumerate(calls[:REPLY_CALLS]):
             fn = getattr(c, "function", None)
-            out["tool_calls"].append({"id": _kept(valid_text(getattr(c, "id", None)), 128) or f"call_{i}",
+            cid = (valid_text(getattr(c, "id", None)) or "")[:128] or f"call_{i}"
+            cid = cid if cid not in seen else f"{cid}_{i}"  # each call answered under its own id
+            seen.add(cid)
+            out["tool_calls"].append({"id": cid,
                                       "type": "function",
-                                      "function": {"name": _kept(valid_text(getattr(fn, "name", None)), 128) or "",
+                                      "function": {"name": (valid_text(getattr(fn, "name", None)) or "")[:128],
                                                    "arguments": _kept(valid_text(getattr(fn, "arguments", None)))
                                                    or "{}"}})
     return out

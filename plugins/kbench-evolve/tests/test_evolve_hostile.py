@@ -244,6 +244,18 @@ def test_malformed_tool_calls_are_answered_with_errors_and_not_replayed_on_resum
     assert lineage.read_memory() == "" and not [a for a in lineage.attempts() if a.get("operator") == "agent"]
 
 
+def test_calls_sharing_an_id_are_each_answered(lineage, api_key):
+    # 6cf3c74: the second call with an id already answered was skipped, leaving the reply half answered
+    status, payload = reply(tool_calls=[("list_versions", {}), ("read_memory", {})])
+    for c in payload["choices"][0]["message"]["tool_calls"]:
+        c["id"] = "dup"
+    with ScriptedOpenAI([(status, payload), reply("GIVE UP: done")]) as server:
+        res = agent_run(server)
+    assert res.exit_code == 0, res.output
+    answers = tool_results(server)
+    assert len(answers) == 2 and answers["dup"].startswith("<untrusted") and answers["dup_1"] == "(empty)"
+
+
 def test_a_poisoned_attempts_log_is_read_back_safely(lineage, api_key):
     # 6cf3c74: a rationale that is a number (submit(rationale=123)) made the brief, list_versions and
     # `evolve log --attempts` raise TypeError on every later run, until the line was removed by hand

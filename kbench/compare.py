@@ -1,19 +1,24 @@
 """Compare timings with statistics: two runs (asv-style marks) or every backend against a baseline.
 
-A pair is ``slower`` or ``faster`` only when four things agree: the ratio of medians is beyond
+A pair is ``slower`` or ``faster`` only when six things agree: the ratio of medians is beyond
 ``factor``; the difference is statistically significant on the raw samples (Mann-Whitney U *and* a
-bootstrap confidence interval of the median ratio that excludes 1, both from scipy); the change is
-larger than the runs' own spread (IQR / median); and the fastest samples moved by the factor too.
-A change beyond the factor that fails any test is ``ambiguous``: shown, never a regression.
+bootstrap confidence interval of the median ratio that excludes 1, both from scipy); it is significant
+against the variation between runs too (the bootstrap's standard error plus a run-to-run scatter
+``run_noise`` per run, a z test at ``alpha``); the change is larger than the record's own spread
+(IQR / median) unless the fastest samples moved alike; the fastest samples moved beyond the factor and the
+run-to-run limit; and the records of other backends measured beside it did not move alike (a slow moment
+of the machine). A change beyond the factor that fails any test is ``ambiguous``: shown, never a regression.
 
-The last two tests keep a busy machine from raising false alarms. Within-run samples say nothing
-about drift between runs, and drift is of the order of the spread; and interference from other
-processes only ever adds time, so it moves the median but leaves the minimum alone, while a change
-in the code moves every sample (the argument of Chen and Revels, "Robust benchmarking in noisy
-environments", 2016, for judging by the minimum).
+Within-run samples say nothing about the variation between runs (another process, another memory layout,
+the clock), which moves every record of a run by a few percent; interference from other processes only
+ever adds time, so it moves the median and widens the spread but leaves the fastest samples alone, while
+a change in the code moves every sample (Chen and Revels, "Robust benchmarking in noisy environments",
+2016, judge by the minimum); and a slow moment of the machine slows every backend measured in it.
+docs/compare.md gives the reasoning and the measurements.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -26,6 +31,10 @@ import numpy as np
 from kbench.enums import Status
 from kbench.errors import BadInput
 from kbench.record import Record, records_of
+
+
+#: the default run-to-run scatter of a record's median (per run, relative): kbench.history's prior is the same
+RUN_NOISE = 0.03
 
 
 class Change(str, Enum):
@@ -62,6 +71,9 @@ class Settings:
     confidence: float = 0.95     # of the bootstrap interval of the ratio
     n_resamples: int = 2000
     seed: int = 0                # bootstrap resampling is seeded: the same files give the same table
+    #: the scatter of a record's log median from one run of the same code to the next (process, memory layout,
+    #: clock): 3% covers this project's CPU measurements (docs/compare.md); a GPU with locked clocks is quieter
+    run_noise: float = RUN_NOISE
 
     def __post_init__(self) -> None:
         if not self.factor > 1:
@@ -69,6 +81,9 @@ class Settings:
                            fix="e.g. --factor 1.05 (a change of 5%)")
         if not 0 < self.alpha < 1:
             raise BadInput(f"--alpha must be between 0 and 1, got {self.alpha}", where="--alpha", fix="e.g. 0.01")
+        if not 0 <= self.run_noise < 1:
+            raise BadInput(f"--run-noise must be between 0% and 100%, got {self.run_noise:g}", where="--run-noise",
+                           fix="e.g. --run-noise 3% (two runs of the same code differ by a few percent)")
 
 
 @dataclass(frozen=True)
@@ -83,10 +98,33 @@ class RatioTest:
     n_new: int
     noise: float                 # the larger relative spread (IQR / median) of the two sides
     min_ratio: float = math.nan  # min(new) / min(base): the fastest samples, which interference cannot slow
+    se_log: float = math.nan     # standard error of log(ratio) from the samples (the bootstrap interval's width)
+    runs: tuple[int, int] = (1, 1)  # runs pooled on each side (base, new)
 
     def significant(self, alpha: float) -> bool:
         """Both tests agree: the U test rejects at ``alpha`` and the CI of the ratio excludes 1."""
         return self.p_value < alpha and (self.ci_low > 1 or self.ci_high < 1)
+
+    def run_z(self, run_noise: float) -> float:
+        """|log ratio| in standard errors of a difference between runs: the samples' own uncertainty plus a
+        run-to-run scatter ``run_noise`` per run (divided by the runs pooled on each side)."""
+        within = self.se_log if math.isfinite(self.se_log) else 0.0
+        se = math.sqrt(within ** 2 + run_noise ** 2 * (1 / self.runs[0] + 1 / self.runs[1]))
+        return abs(math.log(self.ratio)) / se if se > 0 else math.inf
+
+    def run_limit(self, settings: Settings) -> float:
+        """The smallest ratio (above 1) that is beyond the variation between runs at ``settings.alpha``."""
+        within = self.se_log if math.isfinite(self.se_log) else 0.0
+        se = math.sqrt(within ** 2 + settings.run_noise ** 2 * (1 / self.runs[0] + 1 / self.runs[1]))
+        return math.exp(_z(settings.alpha) * se)
+
+
+@functools.lru_cache(maxsize=16)
+def _z(alpha: float) -> float:
+    """The two-sided normal quantile of ``alpha``: 2.58 for 0.01."""
+    from scipy import stats
+
+    return float(stats.norm.isf(alpha / 2))
 
 
 def _median_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -120,8 +158,10 @@ def ratio_test(base: Sequence[float], new: Sequence[float], settings: Settings =
         low = high = ratio
     if math.isnan(p):  # every sample equal on both sides
         p = 1.0
-    return RatioTest(ratio, min(low, ratio), max(high, ratio), p, int(a.size), int(b.size),
-                     max(_rel_iqr(a), _rel_iqr(b)), float(b.min() / a.min()) if a.min() > 0 else math.nan)
+    low, high = min(low, ratio), max(high, ratio)
+    se_log = (math.log(high) - math.log(low)) / (2 * _z(1 - settings.confidence)) if low > 0 else math.nan
+    return RatioTest(ratio, low, high, p, int(a.size), int(b.size),
+                     max(_rel_iqr(a), _rel_iqr(b)), float(b.min() / a.min()) if a.min() > 0 else math.nan, se_log)
 
 
 @functools.lru_cache(maxsize=256)
@@ -144,6 +184,13 @@ def few_samples_note(test: RatioTest, alpha: float) -> str:
             f"p<{alpha:g} with so few, its floor is {smallest_p(test.n_base, test.n_new):.2g})")
 
 
+def fastest_agree(test: RatioTest) -> bool:
+    """The fastest samples moved the way the median did, by half to one and a half times as much (in log)."""
+    move = math.log(test.ratio)
+    return math.isfinite(test.min_ratio) and test.min_ratio > 0 and \
+        abs(math.log(test.min_ratio) - move) <= 0.5 * abs(move)
+
+
 def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, str]:
     """The class of a timing change and, for ``ambiguous``, why it is not a verdict."""
     slower, faster = test.ratio >= settings.factor, test.ratio <= 1 / settings.factor
@@ -154,11 +201,20 @@ def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, 
             return Change.AMBIGUOUS, few_samples_note(test, settings.alpha)
         return Change.AMBIGUOUS, (f"not significant (p={test.p_value:.2g}, "
                                   f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f})")
-    if abs(math.log(test.ratio)) <= math.log1p(test.noise):
+    if test.run_z(settings.run_noise) <= _z(settings.alpha):
+        return Change.AMBIGUOUS, (f"within the variation between runs (beyond {test.run_limit(settings):.3f} "
+                                  f"at run-to-run scatter {100 * settings.run_noise:g}%)")
+    # a record's own spread is its noise floor, unless its fastest samples moved as the median did: interference
+    # widens the spread (and hides a change of the median in it) but leaves the fastest samples clean
+    if abs(math.log(test.ratio)) <= math.log1p(test.noise) and not fastest_agree(test):
         return Change.AMBIGUOUS, f"inside the noise (spread {100 * test.noise:.1f}%)"
     if not (test.min_ratio >= settings.factor if slower else test.min_ratio <= 1 / settings.factor):
         return Change.AMBIGUOUS, (f"the fastest samples did not move (min ratio {test.min_ratio:.3f}): "
                                   "interference from other work, not the code?")
+    # a change in the code moves every sample: the fastest too, beyond what runs of the same code differ by
+    if abs(math.log(test.min_ratio)) <= math.log(test.run_limit(settings)):
+        return Change.AMBIGUOUS, (f"the fastest samples moved less than runs differ (min ratio "
+                                  f"{test.min_ratio:.3f}, median ratio {test.ratio:.3f}): interference, not the code?")
     return (Change.SLOWER if slower else Change.FASTER), ""
 
 
@@ -192,7 +248,8 @@ class Pair:
                 "new_status": self.new and self.new.status.value, "base_median": median_of(self.base),
                 "new_median": median_of(self.new), "ratio": t and t.ratio, "ci_low": t and t.ci_low,
                 "ci_high": t and t.ci_high, "p_value": t and t.p_value, "noise": t and t.noise,
-                "min_ratio": t and t.min_ratio, "n_base": n_of(self.base), "n_new": n_of(self.new),
+                "min_ratio": t and t.min_ratio, "se_log": t and t.se_log, "runs": t and list(t.runs),
+                "n_base": n_of(self.base), "n_new": n_of(self.new),
                 "stop_reason_base": stop_of(self.base), "stop_reason_new": stop_of(self.new), "note": self.note}
 
 
@@ -217,10 +274,11 @@ def both_skipped(pair: Pair) -> bool:
             and pair.base.status is pair.new.status is Status.SKIPPED)
 
 
-def compare_pair(pair: Pair, settings: Settings) -> Pair:
+def compare_pair(pair: Pair, settings: Settings, runs: tuple[int, int] = (1, 1)) -> Pair:
+    """Judge one pair; ``runs``: how many runs each side pools (their medians vary less between runs)."""
     base_ok, new_ok = _passed(pair.base), _passed(pair.new)
     if base_ok and new_ok:
-        pair.test = ratio_test(pair.base.samples, pair.new.samples, settings)
+        pair.test = dataclasses.replace(ratio_test(pair.base.samples, pair.new.samples, settings), runs=runs)
         pair.change, pair.note = classify(pair.test, settings)
     elif base_ok and pair.new is not None and pair.new.status is not Status.SKIPPED:
         pair.change, pair.note = Change.FAILING, pair.new.status_text
@@ -324,7 +382,40 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Sett
         pairs[key] = Pair(*key, base=rec, new=new_by_key.get(key))
     for key, rec in new_by_key.items():
         pairs.setdefault(key, Pair(*key, base=None, new=rec))
-    return [compare_pair(p, settings) for p in pairs.values()]
+    runs = (len(base.get("pooled") or [None]), len(new.get("pooled") or [None]))
+    return machine_moved([compare_pair(p, settings, runs) for p in pairs.values()], settings)
+
+
+def machine_moved(pairs: list[Pair], settings: Settings) -> list[Pair]:
+    """Withdraw a verdict (make it ``ambiguous``) when the pair lies in a stretch of three consecutive timed
+    records (in the run's order) that all moved alike, the other two of other backends: a slow window of the
+    machine (about a second, 1.4-2x, every sample and the minimum too: docs/compare.md) slows whatever runs
+    in it, while a change in the code slows its own backend.
+
+    Moves are taken against the run-wide shift (the median log ratio of every timed pair), so a change that
+    moves most records (a new compiler, an 11x slowdown everywhere) is not explained away: only a pair beyond
+    the factor *from that shift* is examined, and the other two must each have moved at least half as far the
+    same way. With one backend in the runs there is nothing to hold a pair against, and nothing changes."""
+    timed = [i for i, p in enumerate(pairs) if p.test is not None]
+    if len(timed) < 3:
+        return pairs
+    logs = [math.log(pairs[i].test.ratio) for i in timed]
+    shift = float(np.median(logs))
+    for k, i in enumerate(timed):
+        p, dev = pairs[i], logs[k] - shift
+        if p.change not in (Change.SLOWER, Change.FASTER) or abs(dev) <= math.log(settings.factor):
+            continue
+        for first in range(max(k - 2, 0), min(k, len(timed) - 3) + 1):
+            others = [m for m in range(first, first + 3) if m != k]
+            if all(pairs[timed[m]].backend != p.backend and (logs[m] - shift) * dev >= 0.5 * dev * dev
+                   for m in others):
+                p.change = Change.AMBIGUOUS
+                p.note = "; ".join(n for n in (
+                    "the records measured beside it moved alike ("
+                    + ", ".join(f"{pairs[timed[m]].backend} x{pairs[timed[m]].test.ratio:.2f}" for m in others)
+                    + "): a slow moment of the machine, not the code?", p.note) if n)
+                break
+    return pairs
 
 
 def sort_pairs(pairs: list[Pair], how: str) -> list[Pair]:

@@ -36,6 +36,117 @@ def check_baseline_table(data, baseline: str, *, file: str, dense: bool) -> None
                        fix="narrow it with -k to cases the backends share, or use --format json (one entry per pair)")
 
 
+def load_sides(results, keyword: str | None, allow_different_machines: bool) -> list[list[dict]]:
+    """Each RESULTS argument's runs (comma-joined files are pooled later), keeping the records ``-k`` matches;
+    an incomplete run is a warning, a run from another machine than its side's first is refused (unless allowed)."""
+    from kbench.commands import keep_matching
+    from kbench.compare import check_same_machine, machine_mismatch
+    from kbench.results import load_result
+    from kbench.selection import Keyword
+
+    kw = Keyword(keyword)
+    sides = [[load_result(path) for path in arg.split(",")] for arg in results]
+    for arg, runs in zip(results, sides):
+        for path, d in zip(arg.split(","), runs):
+            d["records"] = keep_matching(kw, d["records"], file=path)
+            if not d["complete"]:
+                click.echo(f"kbench: warning: {path} is incomplete "
+                           f"({d.get('interrupted') or 'still running or killed'})", err=True)
+            if machine_mismatch(runs[0], d) and not allow_different_machines:
+                check_same_machine(runs[0], d, base_file=arg.split(",")[0], new_file=path)
+    return sides
+
+
+def baseline_speedups(pm, results, data, baseline: str, settings, fmt: str) -> None:
+    """``--baseline``: every backend of one result against BACKEND, per case and per group."""
+    from kbench.compare import group_key_for, speedup_vs_baseline
+    from kbench.errors import BadInput
+    from kbench.tables import speedup_summary, speedup_table
+
+    if len(data) != 1:
+        raise BadInput(f"--baseline compares the backends of one result; got {len(data)} files",
+                       where="RESULTS", fix="give one result file with --baseline, or two files without it")
+    check_baseline_table(data[0], baseline, file=results[0], dense=fmt != "json")
+    table = speedup_vs_baseline(data[0], baseline, group_key_for(pm.registry), settings, file=results[0])
+    text = fmt in ("table", "markdown")
+    if text:
+        click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise, '(n=a/b)' = too few "
+                   "samples (of the backend / of the baseline) to tell\n")
+    click.echo(speedup_table(table, fmt))
+    if text:
+        click.echo("\n" + "\n".join(speedup_summary(table)))
+
+
+def pair_runs(results, data, settings, *, allow_different_suites: bool, allow_different_machines: bool):
+    """BASE and NEW judged pair by pair; bad input when they are of different suites or machines (unless
+    allowed) or share no (case, backend)."""
+    from kbench.compare import check_same_machine, compare_runs, machine_mismatch
+    from kbench.errors import BadInput
+
+    if len(data) != 2:
+        raise BadInput(f"compare takes BASE and NEW (two result files), got {len(data)}", where="RESULTS",
+                       fix="kbench compare BASE.json NEW.json, or kbench compare RESULT.json --baseline BACKEND")
+    base, new = data
+    if base["suite"]["name"] != new["suite"]["name"] and not allow_different_suites:
+        raise BadInput(f"the two results are of different suites: {base['suite']['name']!r} ({results[0]}) and "
+                       f"{new['suite']['name']!r} ({results[1]})", where="RESULTS",
+                       fix="compare two runs of one suite, or add --allow-different-suites to compare their "
+                           "common cases")
+    if machine_mismatch(base, new) and not allow_different_machines:
+        check_same_machine(base, new, base_file=results[0], new_file=results[1])
+    pairs = compare_runs(base, new, settings)
+    if not any(p.base is not None and p.new is not None for p in pairs):  # a table of "x" rows compares nothing
+        only = Counter("base" if p.new is None else "new" for p in pairs)
+        raise BadInput(f"the two results have no (case, backend) in common ({only['base']} records only in "
+                       f"{results[0]}, {only['new']} only in {results[1]}): there is nothing to compare",
+                       where="RESULTS", fix="compare two runs of one suite and backend selection, or narrow both "
+                                            "with -k to what they share")
+    return pairs
+
+
+def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, sort: str, fmt: str) -> None:
+    """The pairs as a table (backends skipped in both runs as one line each, a summary line) or CSV/JSON."""
+    from kbench.compare import both_skipped, counts, geomean, machine_mismatch, sort_pairs
+    from kbench.tables import compare_table
+
+    text = fmt in ("table", "markdown")
+    shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
+    skipped_both: dict[str, set[str]] = {}
+    if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case
+        for p in (p for p in shown if both_skipped(p)):
+            skipped_both.setdefault(p.backend, set()).add(p.new.reason or "")
+        shown = [p for p in shown if not both_skipped(p)]
+        for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):
+            pooled = f", {len(runs)} runs pooled" if len(runs) > 1 else ""
+            click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
+        why = machine_mismatch(*data)
+        if why:
+            click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
+        click.echo(f"ratio = after / before (median time); n = samples before/after; factor {settings.factor:g}, "
+                   f"alpha {settings.alpha:g}, run-to-run scatter {100 * settings.run_noise:g}%\n")
+    if shown or not text:
+        click.echo(compare_table(sort_pairs(shown, sort), fmt))
+    if text:
+        summary = ", ".join(f"{k} {c}" for c, k in counts(pairs).items() if k)
+        ratios = geomean(p.test.ratio for p in pairs if p.test)
+        if skipped_both:
+            click.echo("\nskipped in both runs:\n" + "\n".join(f"  {b}: {'; '.join(sorted(r))}"
+                                                             for b, r in sorted(skipped_both.items())))
+        click.echo(f"\n{len(pairs)} pairs: {summary}" + (f"; geomean time ratio {ratios:.3f}" if ratios else ""))
+
+
+def fail_on_regressions(pairs) -> None:
+    """``--fail-on-regression``: exit 1 naming, per backend, the pairs slower or newly failing."""
+    from kbench.compare import Change, is_regression
+
+    if is_regression(pairs):
+        bad = [p for p in pairs if p.change in (Change.SLOWER, Change.FAILING)]
+        per_backend = Counter(f"{p.backend} {p.change}" for p in bad)
+        click.echo(f"kbench: regression in {len(bad)} pairs: "
+                   + ", ".join(f"{k} x{n}" for k, n in per_backend.items()), err=True)
+        sys.exit(1)
+
+
 @click.command("compare")
 @click.argument("results", nargs=-1, required=True)
 @click.option("--baseline", metavar="BACKEND",
@@ -43,7 +154,10 @@ def check_baseline_table(data, baseline: str, *, file: str, dense: bool) -> None
 @click.option("--factor", type=float, default=1.05, show_default=True,
               help="A time ratio within [1/FACTOR, FACTOR] counts as the same.")
 @click.option("--alpha", type=float, default=0.01, show_default=True,
-              help="Significance level of the Mann-Whitney U test.")
+              help="Significance level of the Mann-Whitney U test and of the test against run-to-run variation.")
+@click.option("--run-noise", default="3%", show_default=True,
+              help="How much a record's median varies from one run of the same code to the next (process, memory "
+                   "layout, clock): a change must be significant against it too. Lower it on a quiet machine.")
 @click.option("--only-changed", is_flag=True, help="Show only slower, faster, newly failing and fixed pairs.")
 @click.option("--sort", "sort", type=click.Choice(SORTS), default="run", show_default=True,
               help="Row order: as in the runs, by name, by time ratio (worst first), or by kind of change.")
@@ -56,7 +170,7 @@ def check_baseline_table(data, baseline: str, *, file: str, dense: bool) -> None
 @click.option("-k", "keyword", metavar="EXPR", help="Only records whose backend/case match EXPR.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.pass_obj
-def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fail_on_regression,
+def compare_command(pm, results, baseline, factor, alpha, run_noise, only_changed, sort, fail_on_regression,
                     allow_different_machines, allow_different_suites, keyword, fmt):
     """Compare two result files (BASE NEW), or the backends of one RESULT against --baseline.
 
@@ -65,101 +179,31 @@ def compare_command(pm, results, baseline, factor, alpha, only_changed, sort, fa
 
     \b
     Marks (as asv): + slower, - faster, ~ ambiguous (beyond the factor but not
-    significant, inside the noise, or the fastest samples did not move),
-    ! newly failing, * fixed, x incomparable. A pair is slower/faster only when
-    the ratio of medians is beyond --factor, the Mann-Whitney U test and a
-    bootstrap CI of the ratio agree it is significant, the change exceeds the
-    runs' own spread, and the minimum moved too. See docs/compare.md.
+    significant, within the variation between runs, inside the noise, the
+    fastest samples did not move, or the records measured beside it moved
+    alike), ! newly failing, * fixed, x incomparable. A pair is slower/faster
+    only when the ratio of medians is beyond --factor, the Mann-Whitney U test
+    and a bootstrap CI of the ratio agree it is significant, it is significant
+    against --run-noise too, it exceeds the record's spread (or the fastest
+    samples moved alike), the minimum moved beyond the variation between runs,
+    and the other backends measured beside it did not. See docs/compare.md.
 
     Exit status: 0, or 1 with --fail-on-regression when a pair is slower or newly
     failing; 2 on bad input (including results from different machines or of different suites, and a -k
     that matches nothing).
     """
-    from kbench.compare import Change, Settings, check_same_machine, compare_runs, counts, geomean, \
-        both_skipped, group_key_for, is_regression, machine_mismatch, pool_runs, sort_pairs, speedup_vs_baseline
-    from kbench.commands import keep_matching
-    from kbench.errors import BadInput
-    from kbench.results import load_result
-    from kbench.selection import Keyword
-    from kbench.tables import compare_table, speedup_summary, speedup_table
+    from kbench.commands.regressions import parse_threshold
+    from kbench.compare import Settings, pool_runs
 
-    settings = Settings(factor=factor, alpha=alpha)
-    kw = Keyword(keyword)
-    sides = [[load_result(path) for path in arg.split(",")] for arg in results]
-    for arg, runs in zip(results, sides):
-        for path, d in zip(arg.split(","), runs):
-            d["records"] = keep_matching(kw, d["records"], file=path)
-            if not d["complete"]:
-                click.echo(f"kbench: warning: {path} is incomplete "
-                           f"({d.get('interrupted') or 'still running or killed'})", err=True)
-            why = machine_mismatch(runs[0], d)
-            if why and not allow_different_machines:
-                check_same_machine(runs[0], d, base_file=arg.split(",")[0], new_file=path)
+    settings = Settings(factor=factor, alpha=alpha, run_noise=parse_threshold(run_noise, option="--run-noise",
+                                                                             upper=1.0))
+    sides = load_sides(results, keyword, allow_different_machines)
     data = [pool_runs(runs) for runs in sides]
-    text = fmt in ("table", "markdown")
-
     if baseline is not None:
-        if len(data) != 1:
-            raise BadInput(f"--baseline compares the backends of one result; got {len(data)} files",
-                           where="RESULTS", fix="give one result file with --baseline, or two files without it")
-        check_baseline_table(data[0], baseline, file=results[0], dense=fmt != "json")
-        table = speedup_vs_baseline(data[0], baseline, group_key_for(pm.registry), settings, file=results[0])
-        if text:
-            click.echo(f"speedup over {baseline} ({results[0]}); '?' = within the noise, '(n=a/b)' = too few "
-                       "samples (of the backend / of the baseline) to tell\n")
-        click.echo(speedup_table(table, fmt))
-        if text:
-            click.echo("\n" + "\n".join(speedup_summary(table)))
+        baseline_speedups(pm, results, data, baseline, settings, fmt)
         return
-
-    if len(data) != 2:
-        raise BadInput(f"compare takes BASE and NEW (two result files), got {len(data)}", where="RESULTS",
-                       fix="kbench compare BASE.json NEW.json, or kbench compare RESULT.json --baseline BACKEND")
-    base, new = data
-    if base["suite"]["name"] != new["suite"]["name"] and not allow_different_suites:
-        raise BadInput(f"the two results are of different suites: {base['suite']['name']!r} ({results[0]}) and "
-                       f"{new['suite']['name']!r} ({results[1]})", where="RESULTS",
-                       fix="compare two runs of one suite, or add --allow-different-suites to compare their "
-                           "common cases")
-    why = machine_mismatch(base, new)
-    if why and not allow_different_machines:
-        check_same_machine(base, new, base_file=results[0], new_file=results[1])
-    pairs = compare_runs(base, new, settings)
-    if not any(p.base is not None and p.new is not None for p in pairs):  # a table of "x" rows compares nothing
-        only = Counter("base" if p.new is None else "new" for p in pairs)
-        raise BadInput(f"the two results have no (case, backend) in common ({only['base']} records only in "
-                       f"{results[0]}, {only['new']} only in {results[1]}): there is nothing to compare",
-                       where="RESULTS", fix="compare two runs of one suite and backend selection, or narrow both "
-                                            "with -k to what they share")
-    shown = [p for p in pairs if p.change in CHANGED] if only_changed else pairs
-    skipped_both: dict[str, set[str]] = {}
-    if text:  # a backend skipped in both runs (no GPU here) is one line at the end, not a row per case
-        for p in shown:
-            if both_skipped(p):
-                skipped_both.setdefault(p.backend, set()).add(p.new.reason or "")
-        shown = [p for p in shown if not both_skipped(p)]
-    if text:
-        for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):
-            pooled = f", {len(runs)} runs pooled" if len(runs) > 1 else ""
-            click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
-        if why:
-            click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
-        click.echo(f"ratio = after / before (median time); n = samples before/after; factor {factor:g}, "
-                   f"alpha {alpha:g}\n")
-    if shown or not text:
-        click.echo(compare_table(sort_pairs(shown, sort), fmt))
-    if text:
-        n = counts(pairs)
-        summary = ", ".join(f"{k} {c}" for c, k in n.items() if k)
-        ratios = geomean(p.test.ratio for p in pairs if p.test)
-        geo = f"; geomean time ratio {ratios:.3f}" if ratios else ""
-        if skipped_both:
-            click.echo("\nskipped in both runs:\n" + "\n".join(f"  {b}: {'; '.join(sorted(r))}"
-                                                             for b, r in sorted(skipped_both.items())))
-        click.echo(f"\n{len(pairs)} pairs: {summary}{geo}")
-    if fail_on_regression and is_regression(pairs):
-        bad = [p for p in pairs if p.change in (Change.SLOWER, Change.FAILING)]
-        per_backend = Counter(f"{p.backend} {p.change}" for p in bad)
-        click.echo(f"kbench: regression in {len(bad)} pairs: "
-                   + ", ".join(f"{k} x{n}" for k, n in per_backend.items()), err=True)
-        sys.exit(1)
+    pairs = pair_runs(results, data, settings, allow_different_suites=allow_different_suites,
+                      allow_different_machines=allow_different_machines)
+    print_pairs(results, sides, data, pairs, settings, only_changed=only_changed, sort=sort, fmt=fmt)
+    if fail_on_regression:
+        fail_on_regressions(pairs)

@@ -10,17 +10,18 @@ import click
 from kbench.tables import FORMATS
 
 
-def parse_threshold(text: str) -> float:
-    """``2%`` or ``0.02``: the smallest relative step that counts."""
+def parse_threshold(text: str, *, option: str = "--threshold", upper: float = 10.0) -> float:
+    """``2%`` or ``0.02``: a relative change (the smallest step that counts, a run-to-run scatter), below ``upper``."""
     from kbench.errors import BadInput
 
     raw = text.strip()
+    name = option.lstrip("-").replace("-", " ")
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise BadInput(f"bad threshold {text!r}", where="--threshold", fix="write it as 2% or 0.02") from None
-    if not 0 <= value < 10:
-        raise BadInput(f"threshold {text!r} is out of range", where="--threshold", fix="e.g. 2% (a change of 2%)")
+        raise BadInput(f"bad {name} {text!r}", where=option, fix="write it as 2% or 0.02") from None
+    if not 0 <= value < upper:
+        raise BadInput(f"{name} {text!r} is out of range", where=option, fix="e.g. 2% (a change of 2%)")
     return value
 
 

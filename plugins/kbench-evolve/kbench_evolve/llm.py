@@ -210,6 +210,9 @@ class LLMClient:
 
         # values of secret-looking variables (the environment's, a .env here or above the lineage): never sent
         self.secrets = secret_values(places=[os.getcwd(), ctx.lineage.root])
+        # a run saved by an older kbench may hold negative counts (a provider's negative usage): never below zero
+        ctx.spent.tokens = max(0, int(ctx.spent.tokens or 0))
+        ctx.spent.cost = max(0.0, float(ctx.spent.cost or 0.0))
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                  compact: Callable[[list[dict[str, Any]]], bool] | None = None) -> dict[str, Any]:

@@ -431,3 +431,17 @@ def test_text_from_the_model_or_a_kernel_cannot_drive_the_terminal(lineage, api_
     assert log.exit_code == 0 and "tiles\\x1b[2J\\x1b]0;pwned\\x07" in log.output
     for out in (res.output, log.output):
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
+
+
+def test_a_run_saved_with_negative_totals_resumes_from_zero(lineage, api_key):
+    # 6cf3c74: totals driven negative by a lying provider stayed negative after a resume: the budget never came
+    with ScriptedOpenAI([error(503, "down")]) as server:
+        assert agent_run(server, "--max-steps", "8").exit_code == 3
+        state = lineage.load_state()
+        state["spent"].update(tokens=-3_000_000, cost=-3.0)
+        lineage.save_state(state)
+        server.script += [reply(tool_calls=[("list_versions", {})])] * 8
+        res = evolve("resume", "t", "--max-tokens", "3000", "--max-steps", "8")
+    assert res.exit_code == 0, res.output
+    state = lineage.load_state()
+    assert state["status"] == "budget" and 3000 <= state["spent"]["tokens"] < 5000 and state["spent"]["cost"] >= 0

@@ -45,8 +45,8 @@ def main() -> int:
     cases = [
         ("aggregated 70B H200 TP4 x1, 8k/1k, 0.95 req/s", SimPlan(Pool(h200_70b, Parallel(4), 1)), one, 0.95),
         ("aggregated 70B H200 TP4 x4, 8k/1k, 3.8 req/s", SimPlan(Pool(h200_70b, Parallel(4), 4)), one, 3.8),
-        ("disaggregated 70B H200 P 3 x TP4 + D 1 x TP4, 3.5 req/s",
-         SimPlan(Pool(h200_70b, Parallel(4), 3), Pool(h200_70b, Parallel(4), 1), 4 * 50e9 * 0.8, 10e-6), one, 3.5),
+        ("disaggregated 70B H200 P 3 x TP4 + D 1 x TP4, 3.0 req/s",
+         SimPlan(Pool(h200_70b, Parallel(4), 3), Pool(h200_70b, Parallel(4), 1), 4 * 50e9 * 0.8, 10e-6), one, 3.0),
         ("aggregated 8B H100 TP1 x8, chat mix, gamma CV 2, 60 req/s", SimPlan(Pool(h100_8b, Parallel(1), 8)), chat, 60.0),
         ("aggregated 8B H100 TP1 x4, 5-turn conversations, 50% prefix cache, 20 req/s",
          SimPlan(Pool(h100_8b, Parallel(1), 4)), turns, 20.0),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -200,4 +199,4 @@ def test_no_function_of_the_planner_is_longer_than_60_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long.append(f"{f.name}:{node.name} {node.end_lineno - node.lineno + 1}")
     assert not long, long
-    assert math.isfinite(len(files))
+    assert len(files) >= 9           # the planner's modules and the command were all read

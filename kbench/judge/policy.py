@@ -184,7 +184,7 @@ API_TARGETS: dict[str, str] = {
     "profile_summary": "kbench.profiling.profile_summary",
     "profile_from_output": "kbench.profiling.profile_from_output", "parse_source": "kbench.source.parse_source",
     "check_held_out": "kbench.fuzz.heldout.check_held_out",
-    "sandbox_readable_roots": "kbench.run.sandbox.readable_roots", "is_secret": "kbench.run.sandbox.is_secret",
+    "sandbox_readable_roots": "kbench.run.sandbox.readable_places", "is_secret": "kbench.run.sandbox.is_secret",
     "philox_source": "kbench.ops.inputs.philox_source", "RegeneratedInputs": "kbench.ops.inputs.RegeneratedInputs",
     "InputSpec": "kbench.ops.inputs.InputSpec", "unit_variance_input": "kbench.ops.inputs.unit_variance",
     "generate_input": "kbench.ops.inputs.generate", "philox_lanes": "kbench.ops.inputs.lanes",

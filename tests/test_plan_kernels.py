@@ -189,6 +189,7 @@ def test_like_aiconfigurator_reports_its_definitions_beside_ours():
     assert agg["tpot_s"] <= 0.02 and agg["ttft_s"] <= 0.5 and like["disagg"]["tokens_s_gpu"] > 0
     plan = data["plans"][0]
     assert {"itl_p50_s", "itl_p99_s", "steady_state"} <= set(plan["simulation"])
+    assert isinstance(data["warnings"], list) and isinstance(data["device_notes"], list)
 
 
 def test_no_function_of_the_planner_is_longer_than_60_lines():

@@ -279,6 +279,7 @@ def _emit_json(o, model, workload, assume, planner, screened, shown, meeting, se
                            "sizing": "devices" if o["devices"] else "rate",
                            "simulations": search.simulations if search else 0, "note": sim_note or None,
                            "warnings": search.warnings if search else [],
+                           "device_notes": search.budget_notes if search else [],
                            "assumptions": assume.__dict__, "meets_slo": bool(meeting),
                            "plans": [plan_json(p, shares) for p in shown],
                            "screen": [plan_json(p, shares) for p in screened[: top or None]],

@@ -296,3 +296,86 @@ def test_the_page_fits_a_1400_pixel_window_in_a_browser(runner, tmp_path):
                            probe.as_uri()], capture_output=True, text=True, timeout=120)
     fit = json.loads(html_unescape(re.search(r'data-fit="([^"]*)"', proc.stdout).group(1)))
     assert fit["page"] <= fit["view"] and fit["wide"] == [], fit
+
+
+# -- plots that read right (issue 34) -------------------------------------------------------------------------
+
+def _throughput_axes(data):
+    figs, _ = _figures(data)
+    fig = figs.items["throughput"][2]
+    return fig, [ax for ax in fig.axes if ax.get_visible()]
+
+
+def _visible_y_ticks(ax, fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    lo, hi = ax.get_ylim()
+    return [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+
+
+def test_throughput_lines_join_one_shape_only_and_every_panel_has_two_y_ticks():
+    """Cases of different shapes (batch 4 at 256 keys, batch 1 at 1024: the same tokens; 37 queries against
+    101 keys beside 64 against 64) were joined into one line as if they were a trend; a panel whose values
+    lay between two ticks showed one."""
+    recs = []
+    for i, (b, s) in enumerate(((4, 256), (2, 512), (1, 1024))):
+        recs.append(record("numpy", {"batch": b, "seqlen": s, "heads": 2, "head_dim": 32},
+                           lognormal(1e-4 * s / 256, 0.01, 30, i)))
+    for i, (sq, sk) in enumerate(((64, 64), (37, 101))):
+        recs.append(record("numpy", {"seqlen_q": sq, "seqlen_kv": sk, "heads": 2, "head_dim": 64},
+                           lognormal(2.1e-6 * sq * sk / 4096, 0.01, 30, 10 + i)))
+    fig, axes = _throughput_axes(result(recs, hardware=H100, name="shapes"))
+    for ax in axes:
+        assert all(len(line.get_xdata()) == 1 for line in ax.get_lines() if line.get_linestyle() != "None"), \
+            ax.get_title()
+        assert len(_visible_y_ticks(ax, fig)) >= 2, ax.get_title()
+    # one shape at several lengths is still a line
+    fig, axes = _throughput_axes(sweep(hardware=H100))
+    assert {len(line.get_xdata()) for ax in axes for line in ax.get_lines() if len(line.get_xdata()) > 1} == {3}
+
+
+def test_a_long_legend_is_cut_to_series_and_styles():
+    """Four backends in five configurations were 20 legend entries (17 on the reference run)."""
+    from kbench.report.figures import LEGEND_MAX
+
+    recs = []
+    for b in ("numpy", "numpy-flash", "torch-sdpa", "cupy"):
+        for j, dtype in enumerate(("fp32", "fp16", "bf16")):
+            for hkv in (2, 4) if dtype != "fp32" else (4,):
+                for s in (64, 128):
+                    params = {"seqlen": s, "heads_q": 4, "heads_kv": hkv, "head_dim": 32, "dtype": dtype}
+                    recs.append(record(b, params, lognormal(1e-4 * s / 64, 0.01, 20, j * 10 + s)))
+    fig, _ = _throughput_axes(result(recs, hardware=H100, name="many"))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) <= LEGEND_MAX and {"numpy", "numpy-flash", "torch-sdpa", "cupy"} <= set(labels)
+    assert sum("dtype=" in t for t in labels) == 5
+
+
+def test_roofline_points_of_several_series_at_one_place_stay_visible():
+    params = {"seqlen": 128, "heads": 2, "head_dim": 32}
+    samples = lognormal(1e-4, 0.001, 20, 1)
+    data = result([record("numpy", params, samples, hardware=H100), record("numpy-flash", params, samples,
+                                                                           hardware=H100)], hardware=H100, name="same")
+    figs, _ = _figures(data)
+    (ax,) = figs.items["roofline"][2].axes
+    points = [c for c in ax.collections if len(c.get_offsets())]
+    assert len(points) == 2
+    first, second = points
+    assert first.get_sizes()[0] > second.get_sizes()[0]  # the one drawn first is larger: both show
+    assert first.get_paths()[0].vertices.shape != second.get_paths()[0].vertices.shape  # different markers
+    assert first.get_facecolors()[0][3] < 1  # a translucent fill
+
+
+def test_a_long_error_is_cut_in_the_status_column_and_given_whole_under_the_table(runner, tmp_path):
+    params = {"seqlen": 64, "heads": 2, "head_dim": 32}
+    message = "Traceback (most recent call last): " + "frame " * 60 + "ValueError: the kernel wrote NaN"
+    data = result([record("numpy", params, lognormal(1e-4, 0.01, 20, 1)),
+                   record("numpy-flash", params, None, status="error", reason=message)], hardware=H100, name="err")
+    out = tmp_path / "r.html"
+    report(runner, write(tmp_path / "err.json", data), "-o", out)
+    html = html_unescape(out.read_text().replace("<wbr>", ""))
+    row = next(r for r in html.split("<tr") if "numpy-flash" in r and "<td" in r)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    assert max(len(c) for c in cells) < 100 and any(c.endswith("[1]") for c in cells)
+    assert message in html  # whole, in the list under the table

@@ -141,6 +141,30 @@ def write_pngs(figs: Figures, directory: Path, dpi: int = 130) -> list[Path]:
                         facecolor="white") for name, (_, _, fig) in figs.items.items()]
 
 
+#: characters of a record's status shown in its table row; the whole message goes in a list under the table
+STATUS_WIDTH = 60
+
+
+def cut_status(headers: Sequence[str], cells: list[list[str]], recs) -> tuple[list[list[str]], str]:
+    """The records table's cells with each status cut to ``STATUS_WIDTH`` characters (a traceback's message
+    made a column 250+ characters wide) and numbered, and the HTML list of the whole messages so numbered."""
+    from html import escape
+
+    if "status" not in headers:
+        return cells, ""
+    col = list(headers).index("status")
+    full = []
+    for row, rec in zip(cells, recs):
+        if len(row[col]) > STATUS_WIDTH:
+            full.append((rec, row[col]))
+            row[col] = f"{row[col][:STATUS_WIDTH - 8].rstrip()}... [{len(full)}]"
+    if not full:
+        return cells, ""
+    items = "".join(f"<li><b>{escape(rec.backend)}</b> {escape(rec.case_id)}: <code>{escape(text)}</code></li>"
+                    for rec, text in full)
+    return cells, f'<p>Whole status of the rows cut short above:</p><ol class="errors">{items}</ol>'
+
+
 def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
     from html import escape
 
@@ -197,7 +221,8 @@ def render_html(runs: Sequence[Run], figs: Figures, table, changes) -> str:
                                                             for b, why in sorted(collapsed.items())) + ".</p>")
         rows = record_rows(recs, min_samples_of(run.data))
         headers, cells = screen_rows(record_columns(recs), rows)
-        notes = "".join(f"<p>{escape(n)}</p>" for n in table_notes(rows))
+        cells, errors = cut_status(headers, cells, recs)
+        notes = "".join(f"<p>{escape(n)}</p>" for n in table_notes(rows)) + errors
         tables.append((f"records-{run.label}", f"Records of {run.label}",
                        html_table(headers, cells, classes=[r.status.value for r in recs],
                                   numeric=[i for i, h in enumerate(headers) if h not in ("case", "backend", "status",

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import matplotlib
 import numpy as np
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -63,15 +64,51 @@ def _tflops_interval(rec: Record) -> tuple[float, float] | None:
     return tf * med / hi, tf * med / lo
 
 
-def _legend_below(fig: Figure, axes: Sequence[Any], ncols: int = 3) -> None:
-    """One legend for the whole figure, under the panels: never on top of a line or a point."""
-    seen: dict[str, Any] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, handle)
+#: a legend longer than this is not read: the entries past it are counted in one last entry
+LEGEND_MAX = 12
+
+
+def _legend_below(fig: Figure, axes: Sequence[Any], ncols: int = 3, entries: Mapping[str, Any] | None = None) -> None:
+    """One legend for the whole figure, under the panels: never on top of a line or a point. ``entries``
+    (label -> handle) replaces the axes' own; at most ``LEGEND_MAX`` entries, the rest counted in the last."""
+    seen: dict[str, Any] = dict(entries) if entries is not None else {}
+    if entries is None:
+        for ax in axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(label, handle)
+    if len(seen) > LEGEND_MAX:
+        from matplotlib.lines import Line2D
+
+        kept = dict(list(seen.items())[:LEGEND_MAX - 1])
+        kept[f"... and {len(seen) - len(kept)} more (the tables list every record)"] = Line2D([], [], linestyle="")
+        seen = kept
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(ncols, len(seen)),
                    fontsize=7.5, frameon=False)
+
+
+def _nice_below(v: float) -> float:
+    """The largest of 1, 2, 5 x 10^k at or below ``v`` (> 0)."""
+    k = math.floor(math.log10(v))
+    return max(m * 10.0 ** k for m in (1, 2, 5) if m * 10.0 ** k <= v * (1 + 1e-9))
+
+
+def _nice_above(v: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k at or above ``v`` (> 0)."""
+    k = math.floor(math.log10(v))
+    return min(m * 10.0 ** j for j in (k, k + 1) for m in (1, 2, 5) if m * 10.0 ** j >= v * (1 - 1e-9))
+
+
+def two_ticks_at_least(ax, low: float, high: float) -> None:
+    """Limit a log y axis (1-2-5 ticks) to the data from ``low`` to ``high``, widened to the nearest ticks
+    outside it, so every panel has at least two labelled ticks (a panel whose values lie between two ticks
+    showed one or none, and could not be read)."""
+    if not (low > 0 and high > 0):
+        return
+    lo, hi = _nice_below(low), _nice_above(high)
+    if hi <= lo:
+        hi = _nice_above(lo * 1.01)
+    ax.set_ylim(lo / 1.15, hi * 1.15)
 
 
 def _log_ticks(axis, fmt: str = "{:g}") -> None:
@@ -117,15 +154,18 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
     for ax, key in zip(axes, keys):
         prows = panels[key]
         lines: dict[tuple, list] = {}
-        for r in prows:
-            lines.setdefault((r["series"], _extra(r, varying)), []).append(r)
-        for (series, extra), pts in sorted(lines.items()):
+        for r in prows:  # a line joins one shape at several lengths, never different shapes (a trend is one shape)
+            lines.setdefault((r["series"], _extra(r, varying), _shape(r, varying)), []).append(r)
+        bottom, top = math.inf, 0.0
+        for (series, extra, _), pts in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
             pts = sorted(pts, key=lambda r: r["rec"].case["seqlen_kv"])
             xs = [r["rec"].case["seqlen_kv"] for r in pts]
             ys = [r["rec"].tflops for r in pts]
             spans = [_tflops_interval(r["rec"]) for r in pts]
             err = [[y - s[0] if s else 0.0 for y, s in zip(ys, spans)],
                    [s[1] - y if s else 0.0 for y, s in zip(ys, spans)]]
+            bottom = min([bottom] + [y - e for y, e in zip(ys, err[0]) if y - e > 0] + ys)
+            top = max([top] + [y + e for y, e in zip(ys, err[1])])
             label = f"{series} {extra}".strip()
             ax.errorbar(xs, ys, yerr=err, marker=styles[extra], linestyle=dashes[extra], color=palette[series],
                         label=label, markersize=4.5, linewidth=1.3, elinewidth=0.9, capsize=2.5)
@@ -136,6 +176,7 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log")
         _log_ticks(ax.yaxis)
+        two_ticks_at_least(ax, bottom, top)
         ax.grid(True, which="major", axis="y", alpha=0.3)
         mask = "" if key[1] is None else (", causal" if key[1] else ", non-causal")
         ax.set_title(f"head_dim {key[0]}{mask}")
@@ -143,12 +184,38 @@ def throughput(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
         ax.set_ylabel("TFLOP/s (log)")
     for ax in axes[len(keys):]:
         ax.set_visible(False)
-    _legend_below(fig, axes[:len(keys)])
+    _legend_below(fig, axes[:len(keys)], entries=_throughput_legend(rows, varying, palette, styles, dashes))
     return fig
+
+
+def _throughput_legend(rows, varying, palette, styles, dashes) -> dict[str, Any] | None:
+    """The legend of series x line styles: one entry per pair while they are few; beyond ``LEGEND_MAX`` one
+    entry per series (its colour) and one per style (its marker and dashes, in grey), so 3 backends in 6
+    configurations are 9 entries, not 18. None: the axes' own entries."""
+    from matplotlib.lines import Line2D
+
+    pairs = {(r["series"], _extra(r, varying)) for r in rows}
+    if len(pairs) <= LEGEND_MAX:
+        return None
+    out: dict[str, Any] = {s: Line2D([], [], color=palette[s], linewidth=2.5)
+                           for s in dict.fromkeys(r["series"] for r in rows)}
+    for extra in sorted({e for _, e in pairs}):
+        out[extra or "(one configuration)"] = Line2D([], [], color="#555555", marker=styles[extra],
+                                                     linestyle=dashes[extra], markersize=4.5)
+    return out
 
 
 def _extra(row: Mapping[str, Any], varying: Sequence[str]) -> str:
     return ",".join(f"{p}={row['rec'].case[p]}" for p in varying)
+
+
+def _shape(row: Mapping[str, Any], varying: Sequence[str]) -> tuple:
+    """What a line keeps the same along its sequence lengths: every parameter but the lengths and those the
+    style already shows (batch, for one), and how the query length follows the key length (equal, or fixed)."""
+    c = row["rec"].case
+    same = tuple((p, str(v)) for p, v in sorted(c.items()) if p not in ("seqlen_q", "seqlen_kv") and p not in varying)
+    query = "" if "seqlen_q" in varying else "sq=sk" if c.get("seqlen_q") == c.get("seqlen_kv") else c.get("seqlen_q")
+    return same + (("seqlen_q", str(query)),)
 
 
 def energy(rows: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> Figure | None:
@@ -315,10 +382,15 @@ def roofline(rows: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any] | No
         ax.plot(grid, roof / 1e12, style, color="#444444" if kind == "datasheet" else "#888888", linewidth=1.2,
                 label=label)
         top = max(top, float(np.nanmax(roof[np.isfinite(roof)])) / 1e12) if np.isfinite(roof).any() else top
-    for series in dict.fromkeys(r["series"] for r in rows):
+    # points of several series often coincide (one case, backends of like speed): each series its own marker,
+    # a larger one drawn first, translucent fill with a solid edge, so a point under another still shows
+    all_series = list(dict.fromkeys(r["series"] for r in rows))
+    for i, series in enumerate(all_series):
         pts = [r for r in rows if r["series"] == series]
-        ax.scatter([r["rec"].intensity for r in pts], [r["rec"].tflops for r in pts],
-                   color=palette[series], label=series, s=22, zorder=3, edgecolors="white", linewidths=0.5)
+        ax.scatter([r["rec"].intensity for r in pts], [r["rec"].tflops for r in pts], label=series,
+                   marker=MARKERS[i % len(MARKERS)], s=max(70 - 12 * i, 16), zorder=3 + i / 100,
+                   facecolors=to_rgba(palette[series], 0.35), edgecolors=palette[series],
+                   linewidths=1.1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)

@@ -43,6 +43,7 @@ tr.skipped td, tr.incomparable td { color: var(--muted); }
 dl.kv { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; background: white;
         border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; margin: 0; font-size: 12.5px; }
 dl.kv dt { color: var(--muted); } dl.kv dd { margin: 0; word-break: break-all; }
+ol.errors code { white-space: pre-wrap; word-break: break-all; }
 footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 """
 

@@ -186,6 +186,8 @@ def refuse_name_collisions(backends: Iterable[Any]) -> None:
             continue
         key = name_key(backend.name)
         first = files.get(key) or registered.get(key)
+        if first is not None and _same_file_variants(first, backend):
+            continue  # two settings of one kernel file (a tuning sweep): their full names differ
         if first is not None and first is not backend:
             where = [getattr(b, "source_path", None) or f"backend {b.name!r}" for b in (first, backend)]
             raise BadInput(f"two selected backends read as one name, {first.name!r} and {backend.name!r} "
@@ -193,3 +195,10 @@ def refuse_name_collisions(backends: Iterable[Any]) -> None:
                            fix='give each kernel file a NAME of its own (NAME = "..."; without NAME a file is '
                                '"file:STEM"), or rename one file')
         files.setdefault(key, backend)
+
+
+def _same_file_variants(first: Any, backend: Any) -> bool:
+    """Two selections of one kernel file under different settings (``triton[BLOCK_N=64]`` beside ``triton``):
+    distinct names from one source, which the file earned for both."""
+    path = getattr(first, "source_path", None)
+    return bool(path) and path == getattr(backend, "source_path", None) and first.name != backend.name

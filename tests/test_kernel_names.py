@@ -94,3 +94,22 @@ def test_a_name_given_by_trusted_code_is_not_held_against_the_registry(tmp_path,
     path = kernel(tmp_path / "k.py", "numpy")
     assert KernelFileRef(path, registry, name="numpy-flash").name == "numpy-flash"
     assert KernelFileRef(path, registry, name="x\ud800").name == "x\\ud800"
+
+
+def test_two_settings_of_one_kernel_file_are_two_names(tmp_path, registry):
+    """A tuning sweep selects one kernel file under several settings (scripts/gpu-check's tuning and training
+    stages: ``triton[...]`` beside ``triton``): each is a name the file earned; another file of that NAME is not."""
+    from kbench.selection import refuse_name_collisions
+
+    import copy
+
+    tuned = KernelFileRef(kernel(tmp_path / "tuned.py", "tuned"), registry)
+    variants = [tuned]
+    for block in (32, 16):  # what Backend.configure makes of a registered kernel file's settings
+        variant = copy.copy(tuned)
+        variant.name, variant.base_name = f"tuned[block={block}]", "tuned"
+        variants.append(variant)
+    refuse_name_collisions(variants)  # one file, three settings: no refusal
+    other = KernelFileRef(kernel(tmp_path / "other" / "k.py", "tuned"), registry)
+    with pytest.raises(BadInput, match="read as one name"):
+        refuse_name_collisions(variants + [other])

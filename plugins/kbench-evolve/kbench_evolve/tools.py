@@ -154,8 +154,11 @@ class AgentTools:
         if name not in self._validators:
             import jsonschema
 
-            schema = dict(self.table[name][1]["function"]["parameters"])
+            schema = json.loads(json.dumps(self.table[name][1]["function"]["parameters"]))
             schema["additionalProperties"] = False
+            for key, prop in schema["properties"].items():  # an optional argument may be given as null
+                if key not in schema.get("required", ()) and isinstance(prop.get("type"), str):
+                    prop["type"] = [prop["type"], "null"]
             self._validators[name] = jsonschema.Draft202012Validator(schema)
         return self._validators[name]
 

@@ -98,6 +98,11 @@ def core_imports_outside_api() -> list[str]:
 
 #: plugins whose tests are not held to the rule below (none: every plugin's tests are)
 TESTS_NOT_CHECKED: set[str] = set()
+#: single imports of another plugin that a plugin's test needs, each with why (a test of two plugins together)
+CROSS_PLUGIN_TEST_IMPORTS = {
+    "plugins/kbench-evolve/tests/test_evolve_parallel.py: kbench_ray.loopback.keep_loopback":
+        "evolve screenings on a Ray cluster the test starts itself, which must listen on loopback only (issue 37)",
+}
 
 
 def core_imports_outside_api_in_plugin_tests() -> list[str]:
@@ -109,7 +114,7 @@ def core_imports_outside_api_in_plugin_tests() -> list[str]:
             continue
         own = {p.name for p in tests.parent.glob("kbench_*")}
         found |= _outside(sorted(tests.rglob("*.py")), ("kbench", "kbench.api", "kbench.testing"), own)
-    return sorted(found)
+    return sorted(found - set(CROSS_PLUGIN_TEST_IMPORTS))
 
 
 #: where an imported name lives in kbench.api when it is not spelled the same

@@ -61,6 +61,28 @@ def test_a_self_restoring_timer_is_a_fault_never_a_sample(kbench_pm, kbench_case
     assert "call 1 returned" in rec["reason"]   # the first call's stop mark: no sample was ever made with it
 
 
+def test_a_self_restoring_stop_mark_is_a_fault(kbench_pm, kbench_case):
+    """The sample clock's stop method swapped on its class (what the harness reads, beside the timer itself)."""
+    import kbench.devices as devices
+
+    real = devices.SampleClock.stop
+
+    def kernel(q, k, v, out, case):
+        honest(q, k, v, out, case)
+
+        def stop(self, i):
+            _put(devices.SampleClock, "stop", real)
+            real(self, i)
+            self.marks[i][1] = self.marks[i][0] + (self.marks[i][1] - self.marks[i][0]) // 2
+        _put(devices.SampleClock, "stop", stop)
+    try:
+        rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(kernel))
+    finally:
+        devices.SampleClock.stop = real
+    assert rec["status"] == "failed" and "harness tampering: SampleClock.stop replaced" in rec["reason"], \
+        rec["reason"]
+
+
 def test_the_clock_reference_is_the_one_captured_at_import():
     from kbench.worker.watches import CLOCK
 

@@ -392,13 +392,35 @@ def machine_moved(pairs: list[Pair], settings: Settings) -> list[Pair]:
     machine (about a second, 1.4-2x, every sample and the minimum too: docs/compare.md) slows whatever runs
     in it, while a change in the code slows its own backend.
 
-    Moves are taken against the run-wide shift (the median log ratio of every timed pair), so a change that
-    moves most records (a new compiler, an 11x slowdown everywhere) is not explained away: only a pair beyond
-    the factor *from that shift* is examined, and the other two must each have moved at least half as far the
-    same way. With one backend in the runs there is nothing to hold a pair against, and nothing changes."""
+    Each record's move is counted from its backend's typical move (the median log ratio of that backend's
+    pairs), so a change of a backend on every case (a new compiler, an 11x slowdown everywhere) is not
+    explained away, and a backend that really changed still shows a slow moment beside it: only a pair
+    beyond the factor *from its backend's typical move* is examined, and the other two must each have moved
+    at least half as far the same way from theirs. With one backend in the runs there is nothing to hold a
+    pair against, and nothing changes."""
     timed = [i for i, p in enumerate(pairs) if p.test is not None]
     if len(timed) < 3:
         return pairs
+    logs = [math.log(pairs[i].test.ratio) for i in timed]
+    per_backend: dict[str, list[float]] = {}
+    for i, lg in zip(timed, logs):
+        per_backend.setdefault(pairs[i].backend, []).append(lg)
+    typical = {b: float(np.median(v)) for b, v in per_backend.items()}
+    devs = [lg - typical[pairs[i].backend] for i, lg in zip(timed, logs)]
+    for k, i in enumerate(timed):
+        p, dev = pairs[i], devs[k]
+        if p.change not in (Change.SLOWER, Change.FASTER) or abs(dev) <= math.log(settings.factor):
+            continue
+        for first in range(max(k - 2, 0), min(k, len(timed) - 3) + 1):
+            others = [m for m in range(first, first + 3) if m != k]
+            if all(pairs[timed[m]].backend != p.backend and devs[m] * dev >= 0.5 * dev * dev for m in others):
+                p.change = Change.AMBIGUOUS
+                p.note = "; ".join(n for n in (
+                    "the records measured beside it moved alike ("
+                    + ", ".join(f"{pairs[timed[m]].backend} x{pairs[timed[m]].test.ratio:.2f}" for m in others)
+                    + "): a slow moment of the machine, not the code?", p.note) if n)
+                break
+    return pairs
     logs = [math.log(pairs[i].test.ratio) for i in timed]
     shift = float(np.median(logs))
     for k, i in enumerate(timed):

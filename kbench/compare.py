@@ -421,23 +421,6 @@ def machine_moved(pairs: list[Pair], settings: Settings) -> list[Pair]:
                     + "): a slow moment of the machine, not the code?", p.note) if n)
                 break
     return pairs
-    logs = [math.log(pairs[i].test.ratio) for i in timed]
-    shift = float(np.median(logs))
-    for k, i in enumerate(timed):
-        p, dev = pairs[i], logs[k] - shift
-        if p.change not in (Change.SLOWER, Change.FASTER) or abs(dev) <= math.log(settings.factor):
-            continue
-        for first in range(max(k - 2, 0), min(k, len(timed) - 3) + 1):
-            others = [m for m in range(first, first + 3) if m != k]
-            if all(pairs[timed[m]].backend != p.backend and (logs[m] - shift) * dev >= 0.5 * dev * dev
-                   for m in others):
-                p.change = Change.AMBIGUOUS
-                p.note = "; ".join(n for n in (
-                    "the records measured beside it moved alike ("
-                    + ", ".join(f"{pairs[timed[m]].backend} x{pairs[timed[m]].test.ratio:.2f}" for m in others)
-                    + "): a slow moment of the machine, not the code?", p.note) if n)
-                break
-    return pairs
 
 
 def sort_pairs(pairs: list[Pair], how: str) -> list[Pair]:

@@ -175,6 +175,22 @@ def test_a_fixed_cluster_says_why_devices_are_left():
     assert search.budget_notes == ["aggregated TP8 uses 8 of 12 devices: an instance of TP8 takes 8"]
 
 
+def test_a_fixed_cluster_counts_its_idle_devices_per_device():
+    """On --devices 12 a plan of one TP8 instance leaves 4 devices idle; they are the cluster's all the same, so
+    its per-device figures (and the ranking, and the agg/disagg verdict) are over 12, not 8 (docs/plan.md,
+    "Fixed cluster"); without --devices a plan's figures stay over its own devices."""
+    wl = Workload("w", "w", 1.0, (RequestClass(1.0, 1000, 100),), SLO(1.0, 0.05), 0.9)
+    planner = Planner(MODELS["llama-3.1-8b"], wl, [HW["h100-sxm"]], LINKS, tp_degrees=(8,))
+    screened = planner.all_plans()
+    search = Search(planner, requests=400, search_requests=300, devices=12)
+    [plan] = search.evaluate(("aggregated", "h100-sxm", "h100-sxm", None), screened, "output", keep=1)
+    assert plan.meets and plan.devices == 8 and plan.cluster == 12 and plan.per_device_of == 12
+    assert plan.output_per_device == pytest.approx(plan.served_output / 12)
+    assert plan.per_device == pytest.approx(plan.goodput / 12)
+    plan.cluster = 0
+    assert plan.output_per_device == pytest.approx(plan.served_output / 8)
+
+
 def test_like_aiconfigurator_reports_its_definitions_beside_ours():
     res = CliRunner().invoke(cli, ["plan", "-m", "llama-3.1-8b", "--hardware", "h100-sxm", "--devices", "8",
                                    "--isl", "2000", "--osl", "500", "--slo", "ttft=0.5s,tpot=20ms", "--interconnect",

@@ -418,6 +418,7 @@ class Plan:
     prefill_instances: int = 0       # aggregated: the one pool's instances (both phases run on them)
     decode_instances: int = 0
     devices: int = 0
+    cluster: int = 0                 # --devices N: the fixed cluster; per-device figures are over its N devices
     prefill_devices: int = 0
     decode_devices: int = 0
     rate: float = 0.0                # requests per second offered (the workload's, or the most the devices serve)
@@ -484,14 +485,20 @@ class Plan:
         return max(self.ttft.values(), default=math.inf)
 
     @property
+    def per_device_of(self) -> int:
+        """The devices a per-device figure is over: the plan's, or on a fixed cluster (--devices) all of the
+        cluster's, since the devices a plan leaves idle are bought all the same (docs/plan.md, "Fixed cluster")."""
+        return max(self.devices, self.cluster) if self.devices else 0
+
+    @property
     def per_device(self) -> float:
-        return self.goodput / self.devices if self.devices else 0.0
+        return self.goodput / self.per_device_of if self.devices else 0.0
 
     @property
     def output_per_device(self) -> float:
         """Output tokens per second per device at the rate served within the SLO attainment (aiconfigurator's
-        tokens/s/gpu at the SLO)."""
-        return self.served_output / self.devices if self.devices and self.meets else 0.0
+        tokens/s/gpu at the SLO), over the cluster's devices with --devices."""
+        return self.served_output / self.per_device_of if self.devices and self.meets else 0.0
 
     @property
     def per_dollar(self) -> float | None:

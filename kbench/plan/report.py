@@ -97,6 +97,7 @@ def plan_json(p: Plan, shares: Sequence[float]) -> dict[str, Any]:
            "pp_decode": p.pp_decode, "link": p.link,
            "prefill_instances": p.prefill_instances, "decode_instances": p.decode_instances,
            "prefill_devices": p.prefill_devices, "decode_devices": p.decode_devices, "devices": p.devices,
+           "per_device_of": p.per_device_of,
            "rate_req_s": p.rate, "simulated": p.sim is not None,
            "ttft_s": [p.ttft[i] for i in sorted(p.ttft)],
            "ttft_at_attainment_s": p.ttft_quantile(shares, p.attainment_target) if (p.ttft or p.sim) else None,

@@ -406,6 +406,7 @@ class Search:
             plan.prefill_devices = counts[0] * c.ppar.devices
             plan.decode_devices = counts[1] * c.dpar.devices
         plan.devices = plan.prefill_devices + plan.decode_devices
+        plan.cluster = self.devices or 0
         plan.attainment_target = self.target
         plan.attainment = res.attainment
         plan.meets = res.attainment >= self.target - 1e-9

@@ -10,8 +10,8 @@ alarm. ``numpy-slowed`` (10 pairs a comparison) really is ``--slowdown`` times s
 a miss. The same files are judged by the rule of 6cf3c74 (factor, significance on the samples, spread,
 minimum moved: no run-to-run term, no test of the records beside it) for contrast. ``--busy N`` runs N busy loops beside the runs (the loaded case).
 
-Usage: python benchmarks/compare_noise.py [--runs 10] [--slowdown 1.25] [--busy 0] [--dir DIR]
-       python benchmarks/compare_noise.py --analyse DIR      (judge runs made before)
+Usage: python benchmarks/compare_noise.py [--runs 10] [--slowdown 1.25] [--busy 0] [--dir DIR] [--pool K]
+       python benchmarks/compare_noise.py --analyse DIR [--pool K]     (judge runs made before)
 """
 from __future__ import annotations
 
@@ -75,19 +75,21 @@ def old_rule(pairs, settings) -> None:
                 p.change = Change.AMBIGUOUS
 
 
-def judge(directory: Path, old: bool) -> tuple[int, int, int, int, list[int]]:
-    """(false alarms, same-code pairs, slowdowns flagged slower, slowed pairs, false alarms per comparison)."""
-    from kbench.compare import Change, Settings, compare_runs
+def judge(directory: Path, old: bool, pool: int = 1) -> tuple[int, int, int, int, list[int]]:
+    """(false alarms, same-code pairs, slowdowns flagged slower, slowed pairs, false alarms per comparison);
+    ``pool``: runs pooled a side (consecutive pairs of runs grouped, as `kbench compare a1,a2 b1,b2`)."""
+    from kbench.compare import Change, Settings, compare_runs, pool_runs
     from kbench.results import load_result
 
     settings = Settings()
     false = same = hit = slowed = 0
     per = []
-    for base in sorted(directory.glob("base-*.json")):
-        new = base.with_name(base.name.replace("base-", "new-"))
-        if not new.exists():
-            continue
-        pairs = [p for p in compare_runs(load_result(base), load_result(new), settings) if p.test]
+    bases = [b for b in sorted(directory.glob("base-*.json")) if b.with_name(b.name.replace("base-", "new-")).exists()]
+    for g in range(0, len(bases) - pool + 1, pool):
+        group = bases[g:g + pool]
+        base = pool_runs([load_result(b) for b in group])
+        new = pool_runs([load_result(b.with_name(b.name.replace("base-", "new-"))) for b in group])
+        pairs = [p for p in compare_runs(base, new, settings) if p.test]
         if old:
             old_rule(pairs, settings)
         mine = [p for p in pairs if p.backend != CHANGED]
@@ -106,6 +108,7 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0, help="busy loops beside the runs")
     ap.add_argument("--dir", type=Path, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--analyse", type=Path, metavar="DIR", help="judge the runs in DIR, make none")
+    ap.add_argument("--pool", type=int, default=1, help="also judge with this many runs pooled a side")
     args = ap.parse_args()
     if args.analyse:
         directory = args.analyse
@@ -121,6 +124,10 @@ def main() -> None:
         print(f"{label}: same code flagged in {false} of {same} pairs ({100 * false / max(same, 1):.1f}%; per "
               f"comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs "
               f"({100 * hit / max(slowed, 1):.0f}%)")
+    if args.pool > 1:
+        false, same, hit, slowed, per = judge(directory, False, args.pool)
+        print(f"kbench compare, {args.pool} runs pooled a side: same code flagged in {false} of {same} pairs "
+              f"(per comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs")
 
 
 if __name__ == "__main__":

@@ -67,12 +67,12 @@ def test_the_anchor_scenario_is_within_20_percent_of_aiconfigurator():
 
 @pytest.mark.nightly
 def test_the_grid_meets_the_targets_against_aiconfigurator():
-    """Every scenario against aiconfigurator's recorded answer: within 20% in at least 80% of them (15 of 18 today;
-    the issue's target is 90%) and within 15% in at least 75%; the same verdict where aiconfigurator's margin
-    exceeds 10% but for two (docs/plan.md lists the figures and why the plans that differ do)."""
+    """Every scenario against aiconfigurator's recorded answer: within 20% in at least 90% of them (17 of 18 today)
+    and within 15% in at least 75%; the same verdict where aiconfigurator's margin exceeds 10% but for two
+    (docs/plan.md lists the figures and why the plans that differ do)."""
     rows = [Row(sc, recorded(sc.name), run_kbench(sc)) for sc in GRID]
     ratios = [(r.scenario.name, round(r.ratio, 2)) for r in rows]
-    assert sum(r.within for r in rows) >= 0.8 * len(rows), ratios
+    assert sum(r.within for r in rows) >= 0.9 * len(rows), ratios
     assert sum(abs(r.ratio - 1) <= 0.15 for r in rows) >= 0.75 * len(rows), ratios
     needed = [r for r in rows if r.verdict_required]
     assert sum(r.same_verdict for r in needed) >= len(needed) - 2, [r.scenario.name for r in needed

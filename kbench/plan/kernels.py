@@ -36,6 +36,15 @@ DECODE_ATTN_EFF = ((1e-6, 0.20), (7e-6, 0.35), (27e-6, 0.50), (110e-6, 0.85), (2
 #: at long sequences (FlashAttention-3 reaches 0.6-0.75 of H100's bf16 peak in the forward pass)
 PREFILL_ATTN_FLOOR = 10.0e-6
 PREFILL_ATTN_EFF = 0.6
+#: dense tensor throughput a GPU sustains in long GEMMs relative to its datasheet, beside the large-GEMM
+#: efficiency every GPU gets (``--compute-efficiency``, 0.8): B200's 2.25 PFLOP/s bf16 dense is a boost-clock
+#: figure its 1000 W budget does not hold under back-to-back tensor-core work. Two measurements agree:
+#: microbenchmarks find B200 1.56x H200 in mixed-precision GEMM throughput (Jarmusch and Chandrasekaran,
+#: "Microbenchmarking NVIDIA's Blackwell Architecture", arXiv 2512.02189v1) against a datasheet ratio of 2.27,
+#: and TensorRT-LLM's measured context-phase kernels (aiconfigurator 0.12.0's B200 tables: Llama-3.1-70B, 8 x 512
+#: tokens, 430 ms; Qwen3-32B 8 x 1000, 363 ms; Qwen3-8B 8000, 104 ms; Qwen3-30B-A3B 16 x 512, 62 ms) are
+#: 1.15-1.3x what 0.8 of the datasheet gives. 0.83 of it (0.66 of the datasheet in all): Hopper and Ampere 1.
+SUSTAINED_TENSOR = {"b200": 0.83}
 #: all-reduce: fraction of the server link's one-way bandwidth reached (bus bandwidth 2(t-1)/t S / time) by
 #: message size per device and degree, TensorRT-LLM's custom all-reduce (one-shot for small messages,
 #: two-shot, NVLS on NVSwitch for large)

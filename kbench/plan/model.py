@@ -160,12 +160,12 @@ class DeviceModel:
         attention at its own efficiency unless measured."""
         hw, a = self.hw, self.assume
         self.shaped = bool(a.step_model == "shaped" and hw.kind == "gpu" and peak and hw.bandwidth)
-        self.peak = peak or 0.0
+        self.peak = (peak or 0.0) * kernels.SUSTAINED_TENSOR.get(hw.name, 1.0)   # GEMMs, grouped GEMMs
         self.bandwidth = hw.bandwidth or 0.0
         self.kernel_rates = (self.peak * a.compute_efficiency, self.bandwidth * a.bandwidth_efficiency)
         if self.shaped:
             eff = kernels.PREFILL_ATTN_EFF * a.compute_efficiency / 0.8
-            self.prefill_attention_roof = Rate(self.peak * eff, "roofline", f"{self.peak / 1e12:g} TFLOP/s "
+            self.prefill_attention_roof = Rate(peak * eff, "roofline", f"{peak / 1e12:g} TFLOP/s "
                                                f"datasheet x fused-attention efficiency {eff:.2g}")
         else:
             self.prefill_attention_roof = self.compute

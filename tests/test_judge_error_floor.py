@@ -16,6 +16,12 @@ SMALLEST = {
     "window 0:0, bwd": dict(seqlen=8, heads=1, head_dim=16, window=[0, 0], mode="bwd"),
     "window 0:0": dict(seqlen=8, heads=1, head_dim=16, window=[0, 0]),
     "decode d=1": dict(batch=1, seqlen_q=1, seqlen_kv=3, heads=1, head_dim=1),
+    # found by `kbench fuzz -b numpy --seed 37` with the backward drawn: dK's reference is exactly 0 (one key) and
+    # each element sums a float32 term per query row, so its noise grows like sqrt(seqlen_q x group)
+    "one key, 1000 query rows, bwd": dict(batch=1, seqlen_q=1000, seqlen_kv=1, heads=1, head_dim=16, causal=False,
+                                          dtype="fp32", mode="bwd"),
+    "one key, GQA, bwd": dict(batch=1, seqlen_q=13, seqlen_kv=1, heads_q=3, heads_kv=1, head_dim=128, causal=False,
+                              dtype="fp32", mode="bwd"),
 }
 #: several timed batches, so a timed call's rows get their check too
 TIMING = TEST_TIMING.__class__(**{**TEST_TIMING.__dict__, "min_samples": 6, "max_samples": 8})
@@ -40,6 +46,16 @@ def test_the_smallest_false_failures_pass(kbench_pm, kbench_case, kbench_check, 
     case = kbench_case(**SMALLEST[name])
     rec = kbench_check(kbench_pm.registry.backends[backend], case, timing=TIMING)
     assert rec["status"] == "passed", rec["reason"]
+
+
+def test_the_floor_grows_with_the_terms_an_element_sums(kbench_pm, kbench_case):
+    """A gradient element summing n rows' noise gets sqrt(n) times the floor; the forward output (a mean) none."""
+    from kbench.judge.verify import error_floor as floor
+
+    op = kbench_pm.registry.op("attention")
+    case = kbench_case(**SMALLEST["one key, GQA, bwd"])
+    assert [op.output_accumulation(case, n) for n in ("out", "dq", "dk", "dv")] == [1, 1, 13 * 3, 13 * 3]
+    assert floor("fp32", 64, 1e-4, 100) == pytest.approx(10 * floor("fp32", 64, 1e-4))
 
 
 def test_a_wrong_kernel_on_a_zero_reference_still_fails(kbench_pm, kbench_case, kbench_check, fake_backend):

@@ -39,13 +39,15 @@ def relative_l2(got: np.ndarray, ref: np.ndarray, floor: float = 0.0) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def error_floor(dtype: str, size: int, bound: float) -> float:
+def error_floor(dtype: str, size: int, bound: float, accumulation: int = 1) -> float:
     """The denominator floor of :func:`relative_l2` for ``size`` elements of output dtype ``dtype`` judged against
-    ``bound``: an error of ``ABS_FLOOR[dtype]`` RMS per element scores exactly ``bound``. So an output passes
-    when ``||got - ref|| <= max(bound * ||ref||, sqrt(size) * ABS_FLOOR[dtype])``."""
+    ``bound``: an error of ``ABS_FLOOR[dtype] * sqrt(accumulation)`` RMS per element scores exactly ``bound``. So an
+    output passes when ``||got - ref|| <= max(bound * ||ref||, sqrt(size * accumulation) * ABS_FLOOR[dtype])``.
+    ``accumulation``: the terms of rounding noise one element sums (``Op.output_accumulation``; a gradient summed
+    over 1,000 query rows carries ~sqrt(1000) times one term's noise where its reference is zero)."""
     if bound <= 0 or size <= 0:
         return 0.0
-    return float(np.sqrt(size)) * ABS_FLOOR.get(dtype, ABS_FLOOR["fp32"]) / bound
+    return float(np.sqrt(size * max(1, accumulation))) * ABS_FLOOR.get(dtype, ABS_FLOOR["fp32"]) / bound
 
 
 def tolerance(ctx, case, name: str = "out") -> float:
@@ -163,7 +165,8 @@ def _judge_rows(ctx, case, inputs, outputs, what, rows, uniform):
             continue
         got = op.select_output(case, name, output, rows).astype(np.float64)
         bound = tolerance(ctx, case, name)
-        err = relative_l2(got, ref, error_floor(dtype, ref.size, bound))
+        terms = int(op.output_accumulation(case, name))
+        err = relative_l2(got, ref, error_floor(dtype, ref.size, bound, terms))
         report[name] = {"rel_l2": err, "bound": bound}
         prefix = f"{name}: " if several else ""
         detail: dict[str, Any] = {"rel_l2": err, "bound": bound, "rows_checked": rows_checked}
@@ -176,7 +179,7 @@ def _judge_rows(ctx, case, inputs, outputs, what, rows, uniform):
         # one that is itself within it is a right answer for these inputs (window [0, 0]: every row sees one
         # key, its output is the mean of the values it sees; a reference near zero: zeros), so it proves nothing
         own = float(op.output_tolerance(case, name))
-        own_floor = error_floor(dtype, ref.size, own)
+        own_floor = error_floor(dtype, ref.size, own, terms)
         err_own = relative_l2(got, ref, own_floor)
         if got.size and float(np.ptp(got)) == 0.0 and err_own > own:
             raise CheckFailed(f"{prefix}output is constant ({float(got.ravel()[0]):g} everywhere) while the "

@@ -240,6 +240,11 @@ class Op(ABC):
         """Bound on the relative L2 error of output ``name`` (gradients have their own)."""
         return self.tolerance(case)
 
+    def output_accumulation(self, case: Case, name: str) -> int:
+        """How many terms of rounding noise one element of output ``name`` sums (1 for a normalised output): the
+        judge's absolute error floor grows with its square root (kbench.judge.verify.error_floor)."""
+        return 1
+
     def rows_checked(self, rows: Any) -> int | None:
         """How many rows a sample from :meth:`sample_rows` checks (recorded); None when all."""
         return None if rows is None else int(len(rows))

@@ -467,6 +467,17 @@ class AttentionOp(Op):
             return self.tolerance(case)
         return GRAD_TOLERANCE[str(case.dtype)]
 
+    def output_accumulation(self, case: Case, name: str) -> int:
+        """dK and dV sum a term per query row of every head of their group, dQ one per key: where the float64
+        reference is (near) zero (seqlen_kv = 1 makes dK exactly 0), an honest kernel's float32 noise grows with
+        the square root of that count. The forward output is a weighted mean: its noise does not grow."""
+        p = case.params
+        if name in ("dk", "dv"):
+            return int(p["seqlen_q"]) * max(1, int(p["heads_q"]) // int(p["heads_kv"]))
+        if name == "dq":
+            return int(p["seqlen_kv"])
+        return 1
+
     def kernel_kwargs(self, case: Case) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"causal": case["causal"], "scale": softmax_scale(case)}
         if self.window(case) != (-1, -1):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -309,12 +310,18 @@ def _slot_executor(gone: set[int], jobs: int = 6):
     """A two-slot executor whose slots in ``gone`` have lost their device for good (SlotRetired)."""
     from kbench.api import executor_kit as kx
 
+    retired = threading.Event()
+
     class Slots(kx.SlotExecutor):
         name = "fake"
 
         def run_on(self, slot, job):
             if slot in gone:
+                retired.set()
                 raise kx.SlotRetired(f"slot {slot}'s node left", {"status": "error", "reason": "no node left"})
+            # a slot that still has its node holds its first job until the other has met its loss, so the lost
+            # slot surely takes a job (else a fast slot 0 could answer all six first and nothing retires)
+            retired.wait(10 if gone else 0)
             return {"status": "passed", "slot": slot}
 
     ex = Slots(2)

@@ -13,14 +13,15 @@ scanned, the cache still flushed) before, after and every :data:`EMPTY_EVERY` ti
 time ``E(n)`` for
 ``n`` calls is what the loop costs without a kernel. A record's samples add up when, over its timed batches,
 
-    sum(W - sum(samples)) <= sum(LOAD_FACTOR * E(n)) + ACCOUNTING_FLOOR
+    sum(W - sum(samples)) <= sum(LOAD_FACTOR * E(n)) + JITTER_FRACTION * sum(W) + ACCOUNTING_FLOOR
 
 (summed, so a burst of machine load that hits one or two batches is diluted in the whole, while a forger who
 shortens every sample fails however its batches fall), after up to :data:`AUDIT_PAIRS` extra empty/timed pairs
 when it does not. ``E(n)`` is measured at the same ``n`` (it holds the round trip once: the floor is per record,
 not per batch), and an untrusted kernel's ``n`` comes from the parent's clock (kbench.judge.judge), so a kernel
 cannot buy one-call batches, each with a round trip to hide in. So a kernel can under-report by at most
-``(LOAD_FACTOR - 1) * E(n)`` per batch on average plus ``ACCOUNTING_FLOOR`` per record (docs/integrity.md
+``(LOAD_FACTOR - 1) * E(n)`` per batch on average plus ``JITTER_FRACTION`` of its batches' time and
+``ACCOUNTING_FLOOR`` per record (docs/integrity.md
 states the bound).
 """
 from __future__ import annotations
@@ -40,6 +41,11 @@ EMPTY_EVERY = 4
 #: unexplained time (s) per record always allowed, once (not per batch): scheduling jitter that the empty
 #: batches, measured at other moments, did not see
 ACCOUNTING_FLOOR = 0.005
+#: share of the timed batches' parent time always allowed unexplained: the scheduler's preemptions of the worker
+#: grow with the time a batch is exposed to them (a 2-core machine running a test suite in two processes left an
+#: honest kernel 9.8% of its parent time unexplained over 9 batches against 2x its empty loop). A forger hides at
+#: most this share more; the 5x under-reporting of the red team's clock attacks is far beyond it
+JITTER_FRACTION = 0.05
 #: extra empty/timed batch pairs measured before samples that do not add up fail a record
 AUDIT_PAIRS = 4
 #: a sample may exceed its stamps by this much (clock granularity, a device's events vs the host's marks)
@@ -106,7 +112,8 @@ class Accounting:
     def unexplained(self) -> tuple[float, float]:
         """(the parent's time the samples leave unexplained, what the empty loop and the floor allow), summed."""
         gap = sum(wall - sampled for _, wall, sampled in self.timed)
-        allowed = sum(LOAD_FACTOR * (self.loop_cost(n) or 0.0) for n, _, _ in self.timed) + ACCOUNTING_FLOOR
+        allowed = (sum(LOAD_FACTOR * (self.loop_cost(n) or 0.0) for n, _, _ in self.timed) + ACCOUNTING_FLOOR
+                   + JITTER_FRACTION * sum(wall for _, wall, _ in self.timed))
         return gap, allowed
 
     def accounted(self) -> bool:
@@ -139,6 +146,7 @@ class Accounting:
         sampled = sum(s for _, _, s in self.timed)
         raise CheckFailed(f"samples do not add up: over {len(self.timed)} batches the worker's samples left "
                           f"{gap:.3g} s of the parent's time unexplained, more than the {allowed:.3g} s that "
-                          f"{LOAD_FACTOR:g}x the same loop with an empty call plus {ACCOUNTING_FLOOR * 1e3:g} ms a "
-                          f"record allow ({sampled:.3g} s of samples in {walls:.3g} s; empty loop "
+                          f"{LOAD_FACTOR:g}x the same loop with an empty call, {JITTER_FRACTION:.0%} of the parent's "
+                          f"time and {ACCOUNTING_FLOOR * 1e3:g} ms a record allow ({sampled:.3g} s of samples in "
+                          f"{walls:.3g} s; empty loop "
                           f"{self.loop_cost(1) or 0:.3g} s per call): timers patched or samples forged")

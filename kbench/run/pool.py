@@ -14,7 +14,6 @@ or :class:`LocalChannel` to a call runner in this process.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import pickle
 import shutil
@@ -36,7 +35,7 @@ from kbench.kernelfile import KernelFileRef
 from kbench.ops import Case
 from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolError, WorkerSetup, as_sent, decode_reply
 from kbench.text import safe_text
-from kbench.run.sandbox import ENV_DENY, sandbox_environment
+from kbench.run.sandbox import is_secret, sandbox_environment
 from kbench.timing import TimingSettings, estimated_seconds
 
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
@@ -46,21 +45,6 @@ MAX_WORKERS = 32             # live workers at most (about 110 MB of memory each
 def default_case_timeout(timing: TimingSettings) -> float:
     """Seconds one (backend, case) may take when the suite and the command line say nothing."""
     return max(120.0, 20 * estimated_seconds(timing))
-
-
-#: credentials whose names :data:`kbench.run.sandbox.ENV_DENY` does not catch (trusted workers get the parent's
-#: environment without these; sandboxed ones get only the allow-list)
-CREDENTIAL_NAMES: tuple[str, ...] = ("DATABASE_URL", "*_DSN", "*PWD*", "NETRC", "KUBECONFIG", "DOCKER_*", "*PRIVATE*",
-                                     "*PASSPHRASE*", "*CRED*")
-
-
-def is_secret(name: str, value: str = "") -> bool:
-    """A variable that looks like a credential, by its name or its value (never handed to any worker)."""
-    from kbench.run.sandbox import credential_value
-
-    upper = name.upper()
-    return (any(fnmatch.fnmatchcase(upper, p) for p in ENV_DENY if "*" in p)
-            or any(fnmatch.fnmatchcase(upper, p) for p in CREDENTIAL_NAMES) or credential_value(value))
 
 
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:

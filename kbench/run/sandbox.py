@@ -43,7 +43,7 @@ ENV_ALLOW: tuple[str, ...] = (
 
 #: names that look like credentials (fnmatch on the upper-cased name): the one list every worker's environment
 #: is filtered by (sandboxed ones: dropped even from allowed prefixes; trusted ones: dropped from the parent's
-#: environment, ``kbench.run.pool.is_secret``), and whose values the evolve plugin redacts from text sent to a model
+#: environment, :func:`is_secret`), and whose values the evolve plugin redacts from text sent to a model
 SECRET_NAMES: tuple[str, ...] = ("*TOKEN*", "*SECRET*", "*PASS*", "*KEY*", "*CREDENTIAL*", "*CRED*", "*AUTH*",
                                  "*PWD*", "*PRIVATE*", "*PASSPHRASE*", "*COOKIE*", "*SESSION*", "*SIGNATURE*",
                                  "*_DSN", "*DATABASE_URL*", "*NETRC*", "*KUBECONFIG*", "DOCKER_*")

@@ -7,10 +7,7 @@ Where a measurement sits against them is :func:`kbench.roofline.point.roofline_p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
-
-if TYPE_CHECKING:
-    from kbench.registry import Registry
+from typing import Any, Mapping, Protocol
 
 #: dtype names a profile may give a rate for, in the order tables show them
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
@@ -85,7 +82,13 @@ class HardwareProfile:
         return cls(**data)
 
 
-def match_profile(registry: Registry, device_name: str) -> HardwareProfile | None:
+class HasProfiles(Protocol):
+    """What :func:`match_profile` reads of a :class:`kbench.registry.Registry` (which sits above this module)."""
+
+    hardware: Mapping[str, HardwareProfile]
+
+
+def match_profile(registry: HasProfiles, device_name: str) -> HardwareProfile | None:
     """The registered profile whose ``match`` substrings best fit a device name (e.g. from NVML).
 
     Case-insensitive; the longest matching substring wins, so "NVIDIA GB200" picks ``gb200``

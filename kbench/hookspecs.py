@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
     from kbench.devices import Device
     from kbench.hardware import HardwareProfile
-    from kbench.history.lineages import LineageHistory
     from kbench.registry import Registry
 
 hookspec = pluggy.HookspecMarker("kbench")
@@ -133,7 +132,7 @@ def kbench_environment() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 @hookspec
-def kbench_read_lineages(workspace: Path) -> list[LineageHistory] | None:
+def kbench_read_lineages(workspace: Path) -> list[Any] | None:  # LineageHistory: kbench.history sits above this module
     """Return the lineages this plugin keeps in ``workspace`` (the directory given to ``kbench publish
     --lineages``), oldest version first, as ``kbench.api.LineageHistory`` objects; ``None`` when this plugin
     keeps no lineages (``[]`` when it does but the directory holds none).

@@ -16,7 +16,7 @@ from kbench.selection import BackendPattern
 if TYPE_CHECKING:
     from kbench.backends import Backend
     from kbench.devices import Device
-    from kbench.run.executors import ExecutorFactory
+    from kbench.run.interface import ExecutorFactory
     from kbench.hardware import HardwareProfile
     from kbench.kernelfile import Substrate
     from kbench.ops import Op
@@ -150,8 +150,9 @@ class Registry:
 
     def add_executor(self, factory: ExecutorFactory) -> None:
         """Register an executor (where ``kbench run --executor NAME`` runs its jobs): a
-        :class:`kbench.run.executors.ExecutorFactory` whose library is imported only by its ``create``."""
-        self._require("executor", factory, "kbench.run.executors", "ExecutorFactory")
+        :class:`kbench.run.interface.ExecutorFactory` (``kbench.api.executor_kit.ExecutorFactory``) whose library
+        is imported only by its ``create``."""
+        self._require("executor", factory, "kbench.run.interface", "ExecutorFactory")
         self._add("executor", self.executors, factory.name, factory)
 
     def owner(self, kind: str, name: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kbench.enums import Status
-from kbench.judge import replies
+import kbench.judge.replies as replies
 from kbench.judge.accounting import AUDIT_PAIRS, EMPTY_EVERY, Accounting, check_clock
 from kbench.judge.context import new_record
 from kbench.judge.inputs import InputSource

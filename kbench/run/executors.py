@@ -20,98 +20,20 @@ import platform
 import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from abc import abstractmethod
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable
 
 import kbench
 from kbench.errors import BadInput
+# the executor interface (re-exported here: kbench.run.executors.ExecutorFactory and the others stay importable)
+from kbench.run.interface import Executor, ExecutorFactory, ExecutorOptions, Job, Planned
 
 if TYPE_CHECKING:
     from kbench.backends import Backend
     from kbench.ops import Case
     from kbench.plugins import PluginManager
-    from kbench.run.runner import PlannedRun
-
-
-@dataclass
-class Job:
-    """One (case, backend) of the run; ``index`` is its place in the runner's list."""
-
-    index: int
-    case: Case
-    backend: Backend
-    attempt: int = 1
-    #: the slot a failed attempt ran on: a retry runs elsewhere when another slot is live before this time
-    avoid: int | None = None
-    avoid_until: float = 0.0
-    #: what earlier attempts left: {"status", "reason", "placement"} each
-    earlier: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class ExecutorOptions:
-    """What ``kbench run`` passes to an executor's factory: ``--devices``, ``--address``, ``--executor-opt``."""
-
-    devices: list[str] | None = None
-    address: str | None = None
-    settings: dict[str, str] = field(default_factory=dict)
-
-
-class Executor(ABC):
-    """Runs jobs and hands back their records (in completion order); see :mod:`kbench.run.executors`."""
-
-    name: str = ""
-
-    #: jobs it runs at once
-    slots: int = 1
-
-    @abstractmethod
-    def submit(self, job: Job) -> None:
-        """Queue a job; never blocks on its execution."""
-
-    @abstractmethod
-    def next_done(self, timeout: float) -> tuple[Job, dict[str, Any]] | None:
-        """The next finished job and its record, or None after ``timeout`` seconds without one."""
-
-    def order(self, todo: list) -> list:
-        """The runner's (case, backend) list, reordered where this executor runs better so."""
-        return todo
-
-    def cancel(self) -> None:
-        """Ctrl-C: stop the jobs in flight and drop the queued ones (their records are not written)."""
-
-    def close(self) -> None:
-        """Release workers, threads, connections."""
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "slots": self.slots}
-
-
-class ExecutorFactory(ABC):
-    """What a plugin registers with ``registry.add_executor``: makes the executor of one run."""
-
-    name: str = ""
-    description: str = ""
-    #: it runs jobs away from this process: a named device need not be usable here
-    remote: bool = False
-
-    def available(self) -> str | None:
-        """None when it can run here; else why not (a missing library), without importing it."""
-        return None
-
-    def status(self, options: ExecutorOptions | None = None) -> str | None:
-        """For ``kbench list``, when available: what else to know (where it needs a cluster, whether one is
-        reachable and why not); None: nothing."""
-        return None
-
-    def check(self, options: ExecutorOptions) -> None:
-        """Refuse bad options (BadInput) before the run claims its result file; cheap, no engine import."""
-
-    @abstractmethod
-    def create(self, pm: PluginManager, planned: PlannedRun, options: ExecutorOptions) -> Executor:
-        """The executor of ``planned``; bad options raise :class:`kbench.errors.BadInput`."""
 
 
 def placement(planned_ctx, *, executor: str, slot: int | None = None, index: str | None = None,
@@ -362,7 +284,7 @@ class LocalDevicesExecutor(SlotExecutor):
 
     name = "local"
 
-    def __init__(self, pm: PluginManager, planned: PlannedRun, devices: list[str]) -> None:
+    def __init__(self, pm: PluginManager, planned: Planned, devices: list[str]) -> None:
         from kbench.run.pool import MAX_WORKERS, WorkerPool
 
         super().__init__(len(devices))
@@ -418,14 +340,14 @@ class LocalExecutorFactory(ExecutorFactory):
             raise BadInput(f"the local executor takes no --executor-opt ({sorted(options.settings)[0]!r})",
                            where="--executor-opt", fix="say how many devices with --devices 0,1,...")
 
-    def create(self, pm: PluginManager, planned: PlannedRun, options: ExecutorOptions) -> Executor:
+    def create(self, pm: PluginManager, planned: Planned, options: ExecutorOptions) -> Executor:
         self.check(options)
         if options.devices:
             return LocalDevicesExecutor(pm, planned, options.devices)
         return local_inline(pm, planned)
 
 
-def local_inline(pm: PluginManager, planned: PlannedRun) -> InlineExecutor:
+def local_inline(pm: PluginManager, planned: Planned) -> InlineExecutor:
     """Today's executor: a WorkerPool called in the runner's thread, one job at a time."""
     from kbench.run.pool import MAX_WORKERS, WorkerPool
 
@@ -483,14 +405,14 @@ class NodeSetup:
     concurrent: int = 1
 
 
-def node_setup(pm: PluginManager, planned: PlannedRun, concurrent: int = 1) -> NodeSetup:
+def node_setup(pm: PluginManager, planned: Planned, concurrent: int = 1) -> NodeSetup:
     ctx = planned.ctx
     plugins = tuple(i.module for i in pm.infos if i.source == "-p/KBENCH_PLUGINS")
     return NodeSetup(plugins, ctx.device.name, ctx.op.name, ctx.check, ctx.timing, ctx.integrity,
                      planned.case_timeout, planned.request.allow_unsandboxed, concurrent)
 
 
-def node_payload(pm: PluginManager, planned: PlannedRun, job: Job) -> dict[str, Any] | None:
+def node_payload(pm: PluginManager, planned: Planned, job: Job) -> dict[str, Any] | None:
     """What a node needs for ``job`` (None: the backend cannot be rebuilt elsewhere, see :func:`unsendable`)."""
     from kbench.run.pool import spec_for
 
@@ -500,7 +422,7 @@ def node_payload(pm: PluginManager, planned: PlannedRun, job: Job) -> dict[str, 
     return {"spec": spec, "case": job.case, "key": node_key(planned.ctx.secret, job.case.id)}
 
 
-def job_record(planned: PlannedRun, job: Job, status: str, reason: str, **extra: Any) -> dict[str, Any]:
+def job_record(planned: Planned, job: Job, status: str, reason: str, **extra: Any) -> dict[str, Any]:
     """A record the executor writes itself (the job never ran, or its node was lost under it)."""
     from kbench.judge.context import new_record
 
@@ -509,13 +431,13 @@ def job_record(planned: PlannedRun, job: Job, status: str, reason: str, **extra:
     return rec
 
 
-def unsendable(planned: PlannedRun, job: Job) -> dict[str, Any]:
+def unsendable(planned: Planned, job: Job) -> dict[str, Any]:
     return job_record(planned, job, "error", "backend cannot be sent to another host (not registered, not a kernel "
                                              "file, not picklable); run it with --executor local",
                       cause="infrastructure")
 
 
-def job_timeout(planned: PlannedRun) -> float:
+def job_timeout(planned: Planned) -> float:
     """Seconds a remote job may take before its node counts as lost: twice the case timeout (the node's own
     workers time out a hung kernel first) plus a worker's start-up."""
     from kbench.run.pool import STARTUP_TIMEOUT, default_case_timeout

@@ -15,7 +15,7 @@ So it runs in a child made by ``fork()``, which inherits the callable as it is, 
 - ``os._exit`` as its only way out: neither ``sys.exit`` nor an exception ever runs the parent's code
   (pytest's, a notebook's) in the child; a child that dies without a record is a ``crashed`` record.
 
-The child judges the record exactly as in-process (:func:`kbench.run.pool.execute_in_process`) and sends it
+The child judges the record exactly as in-process (:func:`kbench.run.inprocess.execute_in_process`) and sends it
 back pickled through a pipe (both ends are this program: nothing untrusted is unpickled). Fork is used only
 on the CPU device: a CUDA context does not survive a fork, so a callable measured on a GPU runs in the
 calling process (docs/evaluators.md says so).
@@ -58,7 +58,7 @@ def execute_forked(ctx: RunContext, backend, case: Case, *, timeout: float,
                    memory_limit: int | None) -> dict[str, Any]:
     """The record of (backend, case), judged in a forked child bounded by ``timeout`` seconds (plus
     :data:`GRACE`) and ``memory_limit`` bytes of new address space. Never raises for the callable's doing."""
-    from kbench.run.pool import execute_in_process
+    from kbench.run.inprocess import execute_in_process
 
     cap = address_space() + memory_limit if memory_limit else None
     parent = os.getpid()

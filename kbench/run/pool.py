@@ -29,11 +29,13 @@ from typing import Any, Mapping
 
 from kbench.backends import Backend
 from kbench.enums import Status
-from kbench.judge.context import RunContext, new_record, skip_reason
+from kbench.judge.context import RunContext, new_record
 from kbench.judge.policy import static_failure
 from kbench.kernelfile import KernelFileRef
 from kbench.ops import Case
-from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolError, WorkerSetup, as_sent, decode_reply
+from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolError, WorkerSetup, decode_reply
+# trusted backends in this process (re-exported: kbench.run.pool.LocalChannel and execute_in_process stay importable)
+from kbench.run.inprocess import LocalChannel, execute_in_process
 from kbench.text import safe_text
 from kbench.run.sandbox import is_secret, sandbox_environment
 from kbench.timing import TimingSettings, estimated_seconds
@@ -327,30 +329,6 @@ class WorkerChannel:
         return self.worker.exchange(message, timeout, self.spec, self.case)
 
 
-class LocalChannel:
-    """The judge's channel to a :class:`kbench.worker.calls.CallRunner` in this process (trusted backends,
-    ``--no-isolate``): the same requests, the replies through the same encoding as a worker's."""
-
-    def __init__(self, runner, backend) -> None:
-        self.runner, self.backend = runner, backend
-
-    def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
-        self.runner.attach(payload["layout"], fd)
-        return self._handle(("job", payload), self.backend)
-
-    def request(self, message: tuple, timeout: float | None) -> Any:
-        return self._handle(message)
-
-    def _handle(self, message: tuple, *backend) -> Any:
-        """The runner's reply; a kernel's ``sys.exit`` is an ``error`` reply, as in a worker, never the caller's
-        exit. (The timeout is not enforced here: a trusted callable runs in a forked child the pool kills,
-        kbench.run.forked; ``--no-isolate`` runs in this process on purpose, for debugging.)"""
-        try:
-            return as_sent(self.runner.handle(message, *backend))
-        except SystemExit as exc:
-            return as_sent(("error", {"reason": f"the kernel called sys.exit({exc.code!r}) (SystemExit)"}))
-
-
 def stops_after_timeout(backend: Backend) -> bool:
     """Whether a timeout of ``backend`` stops its remaining cases in the run: untrusted code (a kernel file, an
     evolver's candidate: an endless loop would cost the case timeout on every case) and callables."""
@@ -363,33 +341,6 @@ def not_started(backend_name: str, case: Case, device: str, first: str) -> dict[
     rec.update(status=Status.SKIPPED.value,
                reason=f"not started: this backend timed out on {first} earlier in this run, so its remaining cases "
                       f"are not run (a hang or an endless loop would cost the case timeout on each)")
-    return rec
-
-
-def execute_in_process(ctx: RunContext, backend: Backend, case: Case, *,
-                       timeout: float | None = None) -> dict[str, Any]:
-    """One record for (backend, case), the kernel called in this process (trusted backends only), judged
-    through the same messages as a worker's. Never raises for a backend's misbehaviour: it is recorded.
-    ``timeout``: the judge stops sampling before it (the caller enforces it: kbench.run.forked)."""
-    from kbench.judge.judge import judge
-    from kbench.worker.calls import CallRunner
-    from kbench.worker.watches import HarnessSnapshot
-
-    skip = skip_reason(ctx, backend)
-    if skip:
-        rec = new_record(backend.name, case, ctx.device.name)
-        rec.update(status=Status.SKIPPED.value, reason=skip)
-        return rec
-    static = static_failure(ctx.integrity, backend)
-    if static:
-        rec = new_record(backend.name, case, ctx.device.name)
-        rec.update(status=Status.FAILED.value, reason=static, integrity={"checks": ["static"]})
-        return rec
-    snapshot = HarnessSnapshot(ctx.device) if ctx.integrity.check_harness else None
-    runner = CallRunner(ctx.device, ctx.op, check_threads=ctx.integrity.check_threads, harness=snapshot)
-    rec = judge(ctx, LocalChannel(runner, backend), backend.name, case, timeout=timeout, trusted=backend.trusted)
-    if backend.source_path and ctx.integrity.static_applies(backend.trusted) and isinstance(rec.get("integrity"), dict):
-        rec["integrity"]["checks"].insert(0, "static")
     return rec
 
 

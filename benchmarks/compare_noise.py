@@ -10,7 +10,11 @@ alarm. ``numpy-slowed`` (10 pairs a comparison) really is ``--slowdown`` times s
 a miss. The same files are judged by the rule of 6cf3c74 (factor, significance on the samples, spread,
 minimum moved: no run-to-run term, no test of the records beside it) for contrast. ``--busy N`` runs N busy loops beside the runs (the loaded case).
 
-Usage: python benchmarks/compare_noise.py [--runs 10] [--slowdown 1.25] [--busy 0] [--dir DIR] [--pool K]
+``--rounds 1,3`` (the default) makes every run both ways, side by side: with ``kbench run --rounds 1`` (a record's
+samples all at once) and ``--rounds 3`` (in three rounds spread over the run, kbench.run.rounds); each is judged
+apart.
+
+Usage: python benchmarks/compare_noise.py [--runs 10] [--slowdown 1.25] [--busy 0] [--dir DIR] [--pool K] [--rounds 1,3]
        python benchmarks/compare_noise.py --analyse DIR [--pool K]     (judge runs made before)
 """
 from __future__ import annotations
@@ -35,23 +39,24 @@ def loadavg() -> str:
         return "?"
 
 
-def make_runs(directory: Path, runs: int, slowdown: float, busy: int) -> list[str]:
+def make_runs(directory: Path, runs: int, slowdown: float, busy: int, rounds: list[int]) -> list[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"),
                                                                       os.environ.get("PYTHONPATH")]))}
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     loads = []
     try:
         for i in range(runs):
-            for side, factor in (("base", 1.0), ("new", slowdown)):
-                out = directory / f"{side}-{i:02d}.json"
+            for r, (side, factor) in ((r, s) for r in rounds for s in (("base", 1.0), ("new", slowdown))):
+                out = directory / f"r{r}" / f"{side}-{i:02d}.json"
+                out.parent.mkdir(exist_ok=True)
                 loads.append(loadavg())
                 t0 = time.perf_counter()
                 proc = subprocess.run(["kbench", "-p", "slow_backend_plugin", "run", str(ROOT / "suites/smoke.yaml"),
-                                       "-o", str(out)], env={**env, "KBENCH_TEST_SLOWDOWN": str(factor)},
-                                      capture_output=True, text=True)
+                                       "-o", str(out), "--rounds", str(r)],
+                                      env={**env, "KBENCH_TEST_SLOWDOWN": str(factor)}, capture_output=True, text=True)
                 if not out.exists():
                     sys.exit(f"kbench run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-                print(f"  {out.name}: {time.perf_counter() - t0:.0f} s, load average {loads[-1]}", flush=True)
+                print(f"  r{r}/{out.name}: {time.perf_counter() - t0:.0f} s, load average {loads[-1]}", flush=True)
     finally:
         for p in loops:
             p.kill()
@@ -109,6 +114,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--analyse", type=Path, metavar="DIR", help="judge the runs in DIR, make none")
     ap.add_argument("--pool", type=int, default=1, help="also judge with this many runs pooled a side")
+    ap.add_argument("--rounds", default="1,3", help="kbench run --rounds settings, each run side by side with the "
+                                                     "others (comma-separated)")
     args = ap.parse_args()
     if args.analyse:
         directory = args.analyse
@@ -117,17 +124,23 @@ def main() -> None:
         directory.mkdir(parents=True, exist_ok=True)
         print(f"{args.runs} pairs of smoke runs in {directory} (slowdown {args.slowdown:g}, {args.busy} busy loops; "
               f"{os.cpu_count()} CPUs)", flush=True)
-        loads = make_runs(directory, args.runs, args.slowdown, args.busy)
+        loads = make_runs(directory, args.runs, args.slowdown, args.busy, [int(r) for r in args.rounds.split(",")])
         print(f"load average (1 min) before each run: {' '.join(loads)}")
-    for label, old in (("kbench compare", False), ("the rule of 6cf3c74 (four tests)", True)):
-        false, same, hit, slowed, per = judge(directory, old)
-        print(f"{label}: same code flagged in {false} of {same} pairs ({100 * false / max(same, 1):.1f}%; per "
-              f"comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs "
-              f"({100 * hit / max(slowed, 1):.0f}%)")
-    if args.pool > 1:
-        false, same, hit, slowed, per = judge(directory, False, args.pool)
-        print(f"kbench compare, {args.pool} runs pooled a side: same code flagged in {false} of {same} pairs "
-              f"(per comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs")
+    # runs made by this script: one folder per rounds setting; older layouts: the runs in DIR itself
+    folders = sorted((d for d in directory.glob("r*") if d.is_dir() and d.name[1:].isdigit()),
+                     key=lambda d: int(d.name[1:])) or [directory]
+    for folder in folders:
+        print(f"-- {folder.name if folder != directory else directory}"
+              + (f" (kbench run --rounds {folder.name[1:]})" if folder != directory else ""))
+        for label, old in (("kbench compare", False), ("the rule of 6cf3c74 (four tests)", True)):
+            false, same, hit, slowed, per = judge(folder, old)
+            print(f"{label}: same code flagged in {false} of {same} pairs ({100 * false / max(same, 1):.1f}%; per "
+                  f"comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs "
+                  f"({100 * hit / max(slowed, 1):.0f}%)")
+        if args.pool > 1:
+            false, same, hit, slowed, per = judge(folder, False, args.pool)
+            print(f"kbench compare, {args.pool} runs pooled a side: same code flagged in {false} of {same} pairs "
+                  f"(per comparison {per}); {CHANGED} flagged slower in {hit} of {slowed} pairs")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from kbench.devices import Device
@@ -27,6 +27,9 @@ class TimingSettings:
     target_rel_se: float = 0.005   # stop when stderr(mean)/mean falls below this
     rotate: int = 3                # accepted and ignored: every timed call gets inputs generated just before it
     energy_seconds: float = 0.0    # after the samples, a sustained loop this long for energy and clocks (0: none)
+    #: a record's samples are taken in this many rounds spread over the run (kbench.run.rounds): a slow moment
+    #: of the machine then meets one round of a record, not all of its samples
+    rounds: int = 1
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, base: TimingSettings | None = None) -> TimingSettings:
@@ -34,6 +37,18 @@ class TimingSettings:
         names = {f.name for f in fields(cls)}
         values.update({k: v for k, v in (data or {}).items() if k in names})
         return cls(**values)
+
+    def per_round(self) -> TimingSettings:
+        """What one round of ``rounds`` runs: the sampling budget shared out (``min_time``, ``max_time``,
+        ``min_samples``, ``max_samples`` and the warm-up time divided; the noise target of one round is
+        sqrt(rounds) looser, so that the rounds pooled meet ``target_rel_se``). One round: these settings."""
+        r = self.rounds
+        if r <= 1:
+            return self
+        return replace(self, warmup_time=self.warmup_time / r, min_samples=max(2, math.ceil(self.min_samples / r)),
+                       max_samples=max(2, math.ceil(self.max_samples / r)), min_time=self.min_time / r,
+                       max_time=self.max_time / r, target_rel_se=min(1.0, self.target_rel_se * math.sqrt(r)),
+                       rounds=1)
 
 
 @dataclass

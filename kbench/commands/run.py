@@ -69,11 +69,15 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--profile", type=click.Choice(["ncu"]), default=None,
               help="After each passed record, profile it with Nsight Compute outside the timed samples "
                    "(record['profile']; `kbench show --profile`). See docs/gpu.md.")
+@click.option("--rounds", type=click.IntRange(min=1, max=16), default=None, metavar="N",
+              help="Take each record's samples in N rounds spread over the run, pooled (default: the suite's "
+                   "timing.rounds, else 1). Two runs of the same code then compare quietly on a shared machine: "
+                   "see docs/compare.md.")
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
                 allow_unsandboxed,
                 max_cases, force, allow_different_machine, executor, devices, address, executor_opts, progress, fmt,
-                profile):
+                profile, rounds):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
@@ -88,7 +92,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
 
     existing = []
     if resume is not None:
-        if suite is not None or backends or keyword or output or force:
+        if suite is not None or backends or keyword or output or force or rounds:
             raise BadInput("--resume takes the suite, selection and output from the result file", where="--resume",
                            fix="give only --resume RESULT (plus --case-timeout, --no-isolate, --executor or --devices if wanted)")
         req, existing = resume_request(pm, resume, allow_different_machine=allow_different_machine)
@@ -103,7 +107,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                          kernel_files=[b for b in backends if _is_kernel_file(b)], keyword=keyword, output=output,
                          isolate=isolate, case_timeout=case_timeout, trust_kernel_files=trust_kernel_files,
                          allow_unsandboxed=allow_unsandboxed,
-                         max_cases=max_cases, force=force)
+                         max_cases=max_cases, force=force, rounds=rounds)
     from kbench.run.executors import parse_devices
 
     req.executor, req.devices, req.executor_address = executor, parse_devices(devices), address
@@ -116,6 +120,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     click.echo(f"kbench: {req.suite.name} on {planned.ctx.device.name}"
                f" ({planned.ctx.hardware.title if planned.ctx.hardware else 'no hardware profile'}): "
                f"{len(planned.plan.cases)} cases x {len(planned.backends)} backends = {len(work)} records"
+               + (f" in {planned.rounds} rounds" if planned.rounds > 1 else "")
                + (f", {left} left to run" if resume is not None else "")
                + f" -> {planned.output}", err=True)
     missing = missing_plugins()

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -131,6 +131,8 @@ class RunRequest:
     backends: list[Backend] = field(default_factory=list)
     #: a profiler run after each record, outside its timed samples (``"ncu"``: kbench.profiling), or None
     profile: str | None = None
+    #: rounds each record's samples are taken in (kbench.run.rounds); overrides the suite's timing.rounds
+    rounds: int | None = None
 
 
 @dataclass
@@ -144,6 +146,8 @@ class PlannedRun:
     keyword: Keyword
     output: Path
     case_timeout: float | None = None
+    #: rounds each record's samples are taken in; ``ctx.timing`` is what one round runs
+    rounds: int = 1
 
     def work(self) -> list[tuple[Case, Backend]]:
         """(case, backend) pairs in case-major order, so inputs and references are shared."""
@@ -204,13 +208,20 @@ def plan_run(pm: PluginManager, req: RunRequest) -> PlannedRun:
                        f"(case, backend) pairs", where="-k",
                        fix=f"a case id looks like {plan.cases[0].id} and a backend like {backends[0].name}; "
                            "words match parts of either (see docs/suites.md)")
-    ctx = RunContext(op=op, device=device, check=plan.check, timing=plan.timing,
+    rounds = req.rounds or plan.timing.rounds
+    if rounds > 1 and plan.timing.energy_seconds > 0:
+        raise BadInput(f"timing.energy_seconds ({plan.timing.energy_seconds:g}) and {rounds} rounds: the sustained "
+                       f"energy loop is one stretch of calls and cannot be split into rounds", file=req.suite.path,
+                       where="--rounds" if req.rounds else req.suite.where(("timing", "rounds")),
+                       fix="measure energy in a run of one round (timing.rounds: 1), or drop timing.energy_seconds")
+    timing = replace(plan.timing, rounds=rounds).per_round()
+    ctx = RunContext(op=op, device=device, check=plan.check, timing=timing,
                       hardware=pm.detect_hardware(device), integrity=integrity_settings(req.suite))
     output = Path(req.output) if req.output else default_output(device.machine_id(), req.suite)
     from kbench.outputs import claim_result_file
 
     claim_result_file(output, force=req.force, resuming=req.resumed_from is not None)
-    return PlannedRun(req, plan, backends, ctx, keyword, output, req.case_timeout or plan.case_timeout)
+    return PlannedRun(req, plan, backends, ctx, keyword, output, req.case_timeout or plan.case_timeout, rounds)
 
 
 def integrity_settings(suite: Suite) -> IntegritySettings:
@@ -246,7 +257,8 @@ def run_header(pm: PluginManager, planned: PlannedRun, executor=None) -> dict[st
         "selection": {"backends": [b.name for b in planned.backends], "keyword": req.keyword,
                       "kernel_files": list(req.kernel_files), "kernel_settings": dict(req.kernel_settings),
                       "isolate": req.isolate, "case_timeout": req.case_timeout,
-                      "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed, "max_cases": req.max_cases},
+                      "trust_kernel_files": req.trust_kernel_files, "allow_unsandboxed": req.allow_unsandboxed, "max_cases": req.max_cases,
+                      "rounds": planned.rounds},
     }
     if where is not None:
         header["executor"] = where
@@ -281,6 +293,7 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     from kbench.run.executors import Executor as ExecutorBase
     from kbench.run.executors import InlineExecutor, Job
     from kbench.run.pool import not_started, stops_after_timeout
+    from kbench.run.rounds import BLOCK, merge_rounds, round_order
 
     existing = list(existing)
     req = planned.request
@@ -298,29 +311,60 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
         ex.close()
         raise
     todo = ex.order(todo)
+    rounds = planned.rounds
+    # jobs: (record index, round); a record is written once its rounds are back (kbench.run.rounds)
+    jobs = round_order(len(todo), rounds, 1 if req.profile else BLOCK)
+    first_job = {}
+    for position, (unit, _) in enumerate(jobs):
+        first_job.setdefault(unit, position)
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
-    finished: dict[int, dict[str, Any]] = {}  # records that came back before an earlier job's
-    written = submitted = 0
-    # jobs handed out ahead of the first unwritten one; one at a time when profiling, so that a profile
-    # (taken while its record is written) never runs beside another record's timed samples
-    window = 1 if req.profile else max(64, 4 * ex.slots)
+    parts: dict[int, dict[int, dict[str, Any]]] = {}  # record index -> round -> what the round gave
+    outstanding = [rounds] * len(todo)  # rounds of a record neither back nor dropped
+    finished: dict[int, dict[str, Any]] = {}  # records complete before an earlier one
+    written = submitted = in_flight = 0
+    # jobs handed out ahead of the first unwritten record's first job; one record at a time when profiling, so
+    # that a profile (taken while its record is written) never runs beside another record's timed samples
+    window = rounds if req.profile else max(64, 4 * ex.slots, BLOCK * rounds)
     stopped: dict[str, str] = {}  # untrusted backend -> the case it timed out on: its later cases are not started
+
+    def merged(unit: int) -> dict[str, Any]:
+        got = parts.pop(unit, {})
+        case = todo[unit][0]
+        return merge_rounds([got[k] for k in sorted(got)], rounds, hardware=planned.ctx.hardware,
+                            op=planned.ctx.op, case=case)
+
+    def settle(unit: int) -> None:
+        outstanding[unit] -= 1
+        if outstanding[unit] == 0:
+            finished[unit] = merged(unit)
+
     try:
         while written < len(todo):
-            while submitted < len(todo) and submitted - written < window:
-                case, backend = todo[submitted]
-                if backend.name in stopped:
-                    finished[submitted] = not_started(backend.name, case, planned.ctx.device.name, stopped[backend.name])
+            while submitted < len(jobs) and submitted - first_job[written] < window:
+                unit, k = jobs[submitted]
+                case, backend = todo[unit]
+                earlier = parts.get(unit, {})
+                if k > 1 and any(r.get("status") != Status.PASSED.value for r in earlier.values()):
+                    settle(unit)  # a round that did not pass is the record: no further rounds
+                elif backend.name in stopped:
+                    if k == 1:
+                        parts.setdefault(unit, {})[k] = not_started(backend.name, case, planned.ctx.device.name,
+                                                                    stopped[backend.name])
+                    settle(unit)
                 else:
                     ex.submit(Job(submitted, case, backend))
+                    in_flight += 1
                 submitted += 1
-            got = ex.next_done(0.2) if len(finished) + written < submitted else None
+            got = ex.next_done(0.2) if in_flight else None
             if got is not None:
-                finished[got[0].index] = got[1]
-                case, backend = todo[got[0].index]
+                in_flight -= 1
+                unit, k = jobs[got[0].index]
+                case, backend = todo[unit]
+                parts.setdefault(unit, {})[k] = got[1]
                 if got[1].get("status") == Status.TIMEOUT.value and stops_after_timeout(backend):
                     stopped.setdefault(backend.name, case.id)
+                settle(unit)
             while written in finished:
                 case, backend = todo[written]
                 record = finished.pop(written)
@@ -334,7 +378,10 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
     except KeyboardInterrupt as exc:
         how = exc.how if isinstance(exc, RunInterrupted) else "interrupted by the user (Ctrl-C)"
         ex.cancel()
-        for index in sorted(finished):  # measured already: kept, so a resume does not run them again
+        for unit in list(parts):  # rounds measured already: pooled and kept, so a resume does not run them again
+            if unit not in finished and parts[unit]:
+                finished[unit] = merged(unit)
+        for index in sorted(finished):
             _append(writer, finished[index], todo[index][1], todo[index][0], planned)
         writer.finish(interrupted=how, extra=_secret_record(writer, planned))
         raise exc if isinstance(exc, RunInterrupted) else RunInterrupted(how) from None
@@ -481,7 +528,7 @@ def resume_request(pm: PluginManager, path: str | Path, *,
                      isolate=sel.get("isolate", True), case_timeout=sel.get("case_timeout"),
                      kernel_settings=settings, trust_kernel_files=bool(sel.get("trust_kernel_files", False)),
                      allow_unsandboxed=bool(sel.get("allow_unsandboxed", False)),
-                     max_cases=sel.get("max_cases", MAX_CASES),
+                     max_cases=sel.get("max_cases", MAX_CASES), rounds=sel.get("rounds"),
                      resumed_from={k: v for k, v in data.items() if k != "records"},
                      allow_different_machine=allow_different_machine)
     # records the environment spoiled (a worker that could not start, the file-size limit...) are not

@@ -200,3 +200,24 @@ def test_the_cli_takes_rounds_and_says_so(tmp_path):
     assert len(rec["timing"]["rounds"]) == 2
     again = CliRunner().invoke(cli, ["run", "--resume", str(out), "--rounds", "3"])
     assert again.exit_code == 2 and "--resume takes" in again.output
+
+
+@pytest.mark.parametrize("rounds,noted", [(1, True), (3, False)])
+def test_compare_says_when_a_flag_rests_on_one_run_of_one_round(tmp_path, rounds, noted):
+    from synthetic_results import lognormal, record, result, write
+
+    params = [{"seqlen": s, "heads": 2, "head_dim": 32} for s in (64, 128, 256, 512)]
+    files = []
+    for side, slow in (("base", 1.0), ("new", 2.0)):  # numpy really 2x slower on every case in NEW
+        recs = [record(b, p, lognormal(1e-3 * (1 + i), 0.01, 200, seed=7 * i + len(b)))
+                for i, p in enumerate(params) for b in ("numpy-flash",)]
+        recs += [record("numpy", p, [s * slow for s in lognormal(2e-3 * (1 + i), 0.01, 200, seed=i)])
+                 for i, p in enumerate(params)]
+        data = result(recs)
+        data["selection"] = {"rounds": rounds}
+        files.append(write(tmp_path / f"{side}.json", data))
+    out = CliRunner().invoke(cli, ["compare", *files])
+    assert out.exit_code == 0, out.output
+    assert "4 slower" in out.output
+    assert ("kbench run --rounds 3" in out.output) is noted
+    assert (f"{rounds} rounds" in out.output) is (rounds > 1)

@@ -106,7 +106,7 @@ def pair_runs(results, data, settings, *, allow_different_suites: bool, allow_di
 
 def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, sort: str, fmt: str) -> None:
     """The pairs as a table (backends skipped in both runs as one line each, a summary line) or CSV/JSON."""
-    from kbench.compare import both_skipped, counts, geomean, machine_mismatch, sort_pairs
+    from kbench.compare import Change, both_skipped, counts, geomean, machine_mismatch, sort_pairs
     from kbench.tables import compare_table
 
     text = fmt in ("table", "markdown")
@@ -118,6 +118,8 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
         shown = [p for p in shown if not both_skipped(p)]
         for side, arg, runs in (("before", results[0], sides[0]), ("after: ", results[1], sides[1])):
             pooled = f", {len(runs)} runs pooled" if len(runs) > 1 else ""
+            rounds = rounds_of(runs[0])
+            pooled += f", {rounds} rounds" if rounds > 1 else ""
             click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
         why = machine_mismatch(*data)
         if why:
@@ -133,6 +135,17 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
             click.echo("\nskipped in both runs:\n" + "\n".join(f"  {b}: {'; '.join(sorted(r))}"
                                                              for b, r in sorted(skipped_both.items())))
         click.echo(f"\n{len(pairs)} pairs: {summary}" + (f"; geomean time ratio {ratios:.3f}" if ratios else ""))
+        if any(p.change in (Change.SLOWER, Change.FASTER) for p in pairs) and \
+                any(len(runs) == 1 and rounds_of(runs[0]) == 1 for runs in sides):
+            click.echo("note: a side is one run measured in one round: a slow moment of the machine can cover every "
+                       "sample of a small record. For a gate, make both runs with `kbench run --rounds 3` or pool "
+                       "runs (a1.json,a2.json); see docs/compare.md, \"Rounds\".")
+
+
+def rounds_of(run) -> int:
+    """The rounds each record of a run was measured in (kbench.run.rounds): 1 for runs made before rounds."""
+    rounds = (run.get("selection") or {}).get("rounds")
+    return rounds if isinstance(rounds, int) and rounds >= 1 else 1
 
 
 def fail_on_regressions(pairs) -> None:

@@ -130,3 +130,24 @@ def test_large_cases_go_to_the_hook_small_ones_stay_on_the_host(kbench_pm, monke
     assert probe.CALLS == [large.id] and offloaded.shape == (1, 1024, 8, 64) and np.all(offloaded == probe.MARK)
     assert host.shape == (1, 64, 2, 32) and np.all(np.isfinite(host))
     sys.modules.pop("reference_probe_plugin", None)
+
+
+@pytest.mark.parametrize("params", [
+    dict(batch=2, seqlen=33, heads=2, head_dim=4, causal=False),
+    dict(batch=1, seqlen_q=9, seqlen_kv=40, heads_q=4, heads_kv=2, head_dim=4, causal=True),
+    dict(batch=1, seqlen_q=40, seqlen_kv=12, heads_q=2, heads_kv=1, head_dim=3, causal=True),
+    dict(batch=2, seqlen=50, heads=2, head_dim=4, causal=False, window_left=7, window_right=3),
+    dict(batch=1, seqlen=50, heads_q=4, heads_kv=1, head_dim=4, causal=True, window_left=5, window_right=-1),
+    dict(batch=1, seqlen_q=30, seqlen_kv=60, heads=1, head_dim=2, causal=False, window_left=-1, window_right=0),
+])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_uniform_predictor_is_the_reference_with_q_zero(op, params, sampled):
+    """uniform_outputs reads the mean of each row's visible values off prefix sums at the window edges; it must
+    equal the full float64 reference run with q = 0 (every visible score equal), rows sampled or not."""
+    case = op.make_case(params)
+    inputs = op.make_inputs(case, seed=5)
+    rows = np.sort(np.random.default_rng(1).choice(case["seqlen_q"], 6, replace=False)) if sampled else None
+    fast = op.uniform_outputs(case, inputs, rows)["out"]
+    slow = op.reference(case, {**inputs, "q": np.zeros_like(inputs["q"])}, rows)
+    assert fast.shape == slow.shape
+    assert np.allclose(fast, slow, atol=1e-12, rtol=1e-12)

@@ -455,10 +455,13 @@ class AttentionOp(Op):
         hi = np.minimum(sk - 1, pos + right) if right >= 0 else np.full(len(i), sk - 1)
         lo = np.maximum(0, pos - left) if left >= 0 else np.zeros(len(i), dtype=np.int64)
         count = np.maximum(hi - lo + 1, 0)
-        prefix = np.zeros((v.shape[0], sk + 1, *v.shape[2:]), dtype=np.float64)
-        np.cumsum(v, axis=1, out=prefix[:, 1:])
         hi_c, lo_c = np.clip(hi + 1, 0, sk), np.clip(lo, 0, sk)
-        sums = prefix[:, hi_c] - prefix[:, lo_c]                       # (b, rows, hkv, d)
+        # prefix sums of v only at the window edges the rows use (one for a plain forward, at most two per
+        # checked row): the segments between consecutive edges summed in one pass, then their running sum
+        edges = np.unique(np.concatenate([lo_c, hi_c, [0, sk]]))
+        prefix = np.zeros((v.shape[0], len(edges), *v.shape[2:]), dtype=np.float64)
+        np.cumsum(np.add.reduceat(v, edges[:-1], axis=1), axis=1, out=prefix[:, 1:])
+        sums = prefix[:, np.searchsorted(edges, hi_c)] - prefix[:, np.searchsorted(edges, lo_c)]  # (b, rows, hkv, d)
         mean = np.where(count[None, :, None, None] > 0, sums / np.maximum(count, 1)[None, :, None, None], 0.0)
         return {"out": np.repeat(mean, group, axis=2)}
 

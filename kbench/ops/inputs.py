@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping
@@ -193,17 +194,85 @@ def stream_seed(key: tuple[int, int], stream: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key[0]}:{key[1]}:{stream}".encode(), digest_size=8).digest(), "little")
 
 
+class HostInputCache:
+    """Whole table-drawn inputs made on the host, by what decides their content (key, stream, shape, table),
+    the least recently used dropped first to stay within ``max_bytes``.
+
+    The backends of a case get the same input keys (a key is the run's secret, the case, a purpose and a
+    counter, never the backend), so the judge regenerating a checked call's inputs, and a trusted worker
+    filling a slot or checking that a call left its inputs alone, would draw the same tensors once per
+    backend. Drawing them costs as much as a small kernel call on the CPU; a copy costs a tenth of it.
+    Cached arrays are read-only. A worker running an untrusted kernel turns its cache off (the kernel runs
+    in that process and could rewrite a cached copy along with the input it changed; regeneration from the
+    key is what it cannot reach). The limit holds whatever the cases: an input larger than a quarter of it is
+    never kept."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.enabled = int(max_bytes), True
+        self._items: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.bytes = self.hits = self.misses = 0
+
+    @staticmethod
+    def ident(spec: InputSpec, key: tuple[int, int], stream: int) -> tuple:
+        return (int(key[0]), int(key[1]), int(stream), spec.shape, spec.dtype, spec.table)
+
+    def get(self, ident: tuple) -> np.ndarray | None:
+        if not self.enabled:
+            return None
+        array = self._items.get(ident)
+        if array is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(ident)
+        self.hits += 1
+        return array
+
+    def put(self, ident: tuple, array: np.ndarray) -> None:
+        if not self.enabled or array.nbytes > self.max_bytes // 4 or ident in self._items:
+            return
+        kept = np.array(array, copy=True)
+        kept.flags.writeable = False
+        self._items[ident] = kept
+        self.bytes += kept.nbytes
+        while self.bytes > self.max_bytes:
+            _, dropped = self._items.popitem(last=False)
+            self.bytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+#: this process's cache of drawn inputs (HostInputCache): 256 MiB at most
+CACHE = HostInputCache(256 * 2**20)
+
+
 def generate(spec: InputSpec, key: tuple[int, int], stream: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Input ``stream`` of a case on the host, whole, into ``out`` when given (any C-contiguous array)."""
+    """Input ``stream`` of a case on the host, whole, into ``out`` when given (any C-contiguous array).
+    Table-drawn inputs go through :data:`CACHE`; the array returned without ``out`` is the caller's own."""
     dtype = np_dtype(spec.dtype)
-    if spec.host is not None:
-        made = np.asarray(spec.host(np.random.default_rng(stream_seed(key, stream))), dtype=dtype).reshape(spec.shape)
-        if out is None:
-            return made
-        np.copyto(out, made)
-        return out
+    if spec.host is None:
+        ident = CACHE.ident(spec, key, stream)
+        cached = CACHE.get(ident)
+        if cached is not None:
+            if out is None:
+                return np.array(cached, copy=True)
+            np.copyto(out.reshape(-1), cached.reshape(-1))
+            return out
+        made = _draw(spec, key, stream, out)
+        CACHE.put(ident, made)
+        return made
+    made = np.asarray(spec.host(np.random.default_rng(stream_seed(key, stream))), dtype=dtype).reshape(spec.shape)
     if out is None:
-        out = np.empty(spec.shape, dtype=dtype)
+        return made
+    np.copyto(out, made)
+    return out
+
+
+def _draw(spec: InputSpec, key: tuple[int, int], stream: int, out: np.ndarray | None) -> np.ndarray:
+    """A table-drawn input from the generator itself (no cache)."""
+    if out is None:
+        out = np.empty(spec.shape, dtype=np_dtype(spec.dtype))
     flat = out.reshape(-1)
     chunk = 1 << 18   # bounds the temporaries (and keeps them in cache); the content does not depend on it
     size = spec.size
@@ -254,6 +323,9 @@ class RegeneratedInputs(Mapping):
         if name in self._made or self.specs[name].table is None:
             return self[name][index]
         spec = self.specs[name]
+        whole = CACHE.get(CACHE.ident(spec, self.key, self.stream(name)))
+        if whole is not None:  # drawn whole already (another backend's record of this case): no new draw
+            return np.array(whole[index], copy=True)
         batch, rows = index[0], index[1]
         b_idx = np.arange(spec.shape[0])[batch]
         r_idx = np.arange(spec.shape[1])[rows]

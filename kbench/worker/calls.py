@@ -94,6 +94,13 @@ class CallRunner:
         case = self.case = payload["case"]
         self.forbidden_ops = tuple(payload.get("forbidden_ops", ()))
         self.strict = bool(payload.get("strict"))
+        from kbench.ops import inputs as drawn
+
+        # an untrusted kernel shares this process: inputs are drawn afresh from their keys, never copied from a
+        # cache it could rewrite (kbench.ops.inputs.HostInputCache)
+        drawn.CACHE.enabled = not self.strict
+        if self.strict:
+            drawn.CACHE.clear()
         self.backward_inputs = tuple(payload.get("backward_inputs", ()))
         self.out_dtype = DType(payload["out_dtype"])
         self.specs = dict(self.op.input_specs(case) or {}) or None

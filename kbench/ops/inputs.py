@@ -211,6 +211,7 @@ class HostInputCache:
         self.max_bytes, self.enabled = int(max_bytes), True
         self._items: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.bytes = self.hits = self.misses = 0
+        self._lock = threading.Lock()  # a run on several devices judges in several threads of one process
 
     @staticmethod
     def ident(spec: InputSpec, key: tuple[int, int], stream: int) -> tuple:
@@ -219,28 +220,33 @@ class HostInputCache:
     def get(self, ident: tuple) -> np.ndarray | None:
         if not self.enabled:
             return None
-        array = self._items.get(ident)
-        if array is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(ident)
-        self.hits += 1
-        return array
+        with self._lock:
+            array = self._items.get(ident)
+            if array is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(ident)
+            self.hits += 1
+            return array
 
     def put(self, ident: tuple, array: np.ndarray) -> None:
         if not self.enabled or array.nbytes > self.max_bytes // 4 or ident in self._items:
             return
         kept = np.array(array, copy=True)
         kept.flags.writeable = False
-        self._items[ident] = kept
-        self.bytes += kept.nbytes
-        while self.bytes > self.max_bytes:
-            _, dropped = self._items.popitem(last=False)
-            self.bytes -= dropped.nbytes
+        with self._lock:
+            if ident in self._items:
+                return
+            self._items[ident] = kept
+            self.bytes += kept.nbytes
+            while self.bytes > self.max_bytes:
+                _, dropped = self._items.popitem(last=False)
+                self.bytes -= dropped.nbytes
 
     def clear(self) -> None:
-        self._items.clear()
-        self.bytes = 0
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
 
 
 #: this process's cache of drawn inputs (HostInputCache): 256 MiB at most

@@ -146,3 +146,45 @@ def test_the_harness_reached_by_its_public_name_is_still_forbidden():
     found = static_check("import kbench.api\ndef attention(q, k, v, out, *, causal, scale):\n"
                          "    out[...] = kbench.api.generate_input(q)\n", IntegritySettings())
     assert any("(= kbench.ops.inputs.generate)" in v.message for v in found), found
+
+
+CUPY_LAUNCH_SETTINGS = '''
+import cupy as cp
+from cupy import RawKernel
+
+_big = cp.RawKernel(r"extern \\"C\\" __global__ void f() {}", "f")
+_big.max_dynamic_shared_size_bytes = 100 * 1024
+_other = RawKernel("...", "g")
+_other.preferred_shared_memory_carveout = 100
+_module = cp.RawModule(code="...")
+_fn = _module.get_function("h")
+_fn.max_dynamic_shared_size_bytes = 64 * 1024
+
+
+def attention(q, k, v, out, *, causal, scale):
+    _big((1,), (1,), ())
+'''
+
+
+def test_an_honest_cupy_kernel_may_set_its_launch_settings():
+    """A CuPy kernel using more than 48 KB of shared memory must raise max_dynamic_shared_size_bytes on the function
+    it made: refused as 'an object the kernel did not make' before policy.LIBRARY_SETTABLE."""
+    assert static_check(CUPY_LAUNCH_SETTINGS, IntegritySettings()) == []
+
+
+@pytest.mark.parametrize("source", [
+    # the name is also bound to something else: it may be a module when the write runs
+    "import cupy as cp\nimport time\nk = cp.RawKernel('', 'f')\nk = time\nk.max_dynamic_shared_size_bytes = 1\n",
+    "import cupy as cp\nimport time\nk, j = cp.RawKernel('', 'f'), time\nk.max_dynamic_shared_size_bytes = 1\n",
+    # another attribute than a launch setting
+    "import cupy as cp\nk = cp.RawKernel('', 'f')\nk.perf_counter_ns = lambda: 0\n",
+    # a parameter of that name
+    "def f(k):\n    k.max_dynamic_shared_size_bytes = 1\n",
+    # not cupy's constructor
+    "class Fake:\n    RawKernel = None\ncp = Fake()\nk = cp.RawKernel()\nk.max_dynamic_shared_size_bytes = 1\n",
+    "import time as cupy\nk = cupy.RawKernel('', 'f')\nk.max_dynamic_shared_size_bytes = 1\n",
+    # get_function of something not made by cupy.RawModule
+    "import time\nfn = time.get_function('h')\nfn.max_dynamic_shared_size_bytes = 1\n",
+])
+def test_only_those_settings_on_objects_only_ever_made_by_cupy(source):
+    assert "forbid_module_state" in {v.rule for v in static_check(source, IntegritySettings())}, source

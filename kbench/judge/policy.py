@@ -224,6 +224,54 @@ def _root(node: ast.AST) -> ast.AST:
     return node
 
 
+#: objects a kernel makes with a library's constructor, and the attributes of them it may set: a CUDA function's
+#: launch settings (a CuPy kernel that uses more than 48 KB of shared memory must raise the first). A name counts
+#: when every assignment to it is such a call (``cupy.RawKernel(...)``, or ``.get_function(...)`` of a name made
+#: by ``cupy.RawModule(...)``), resolved through the file's import aliases; any other write stays refused.
+LIBRARY_SETTABLE = {
+    "cupy.RawKernel": frozenset({"max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout"}),
+    "cupy.RawModule.get_function": frozenset({"max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout"}),
+}
+
+
+def _made_by_calls(tree: ast.AST) -> dict[str, list[ast.expr | None]]:
+    """Each simply assigned name and the callee of every value assigned to it (None: not a call), for names that
+    are never also a parameter, a loop variable or an import."""
+    values: dict[str, list[ast.expr | None]] = {}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) else []
+        value = getattr(node, "value", None)
+        callee = value.func if isinstance(value, ast.Call) and not isinstance(node, ast.AugAssign) else None
+        for target in targets:
+            if isinstance(target, ast.Name):
+                values.setdefault(target.id, []).append(callee)
+            elif isinstance(target, (ast.Tuple, ast.List, ast.Starred)):  # unpacked: what each name gets is unknown
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store):
+                        values.setdefault(name.id, []).append(None)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            values[node.arg] = [None]
+        elif isinstance(node, (ast.For, ast.comprehension, ast.With, ast.AsyncFor, ast.AsyncWith)):
+            for name in ast.walk(getattr(node, "target", node)):
+                if isinstance(name, ast.Name) and isinstance(node, (ast.For, ast.comprehension, ast.AsyncFor)):
+                    values[name.id] = [None]
+            for item in getattr(node, "items", ()):
+                for name in ast.walk(item.optional_vars) if item.optional_vars is not None else ():
+                    if isinstance(name, ast.Name):
+                        values[name.id] = [None]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                values[(a.asname or a.name).split(".")[0]] = [None]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            values[node.name] = [None]
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                values[name] = [None]
+    return values
+
+
 def _own_objects(tree: ast.AST) -> frozenset[str]:
     """Names the file binds only to objects it makes itself: its classes, and names assigned (anywhere) from a
     call of one of its classes. An attribute written on anything else may be a module's or a builtin's."""
@@ -257,6 +305,7 @@ class _Checker(ast.NodeVisitor):
         self.found: list[Violation] = []
         self.depth = 0                         # 0 at module level
         self.own = own | _SELF                 # names of the kernel's own objects (_own_objects)
+        self.made_by: dict[str, list[ast.expr | None]] = {}  # name -> callees of its values (_made_by_calls)
         self._called: set[int] = set()         # the function nodes of calls (a setter used otherwise is an alias)
 
     def _setter_as_value(self, node: ast.AST, name: str) -> None:
@@ -267,6 +316,34 @@ class _Checker(ast.NodeVisitor):
     def _own(self, node: ast.AST) -> bool:
         root = _root(node)
         return isinstance(root, ast.Name) and root.id in self.own and root.id not in self.aliases
+
+    def _library_kind(self, name: str, depth: int = 0) -> str | None:
+        """The :data:`LIBRARY_SETTABLE` constructor every value of ``name`` comes from, or None."""
+        callees = self.made_by.get(name)
+        if not callees or depth > 2 or name in self.aliases:
+            return None
+        kinds = set()
+        for callee in callees:
+            if callee is None:
+                return None
+            if isinstance(callee, ast.Attribute) and callee.attr == "get_function" and isinstance(callee.value, ast.Name):
+                base = self._library_kind(callee.value.id, depth + 1)
+                kinds.add(f"{base}.get_function" if base == "cupy.RawModule" else None)
+                continue
+            dotted = _dotted(callee)
+            kinds.add(self._resolve(dotted) if dotted else None)
+        if len(kinds) != 1:
+            return None
+        kind = kinds.pop()
+        return kind if kind in LIBRARY_SETTABLE or kind == "cupy.RawModule" else None
+
+    def _library_setting(self, dotted: str) -> bool:
+        """``name.attr`` where ``name`` is only ever a library object that lets ``attr`` be set."""
+        head, _, attr = dotted.partition(".")
+        if not attr or "." in attr:
+            return False
+        kind = self._library_kind(head)
+        return kind in LIBRARY_SETTABLE and attr in LIBRARY_SETTABLE[kind]
 
     def _resolve(self, dotted: str) -> str:
         head, _, rest = dotted.partition(".")
@@ -321,7 +398,7 @@ class _Checker(ast.NodeVisitor):
                     self.found.append(Violation(node.lineno, "forbid_module_state",
                                                 f"assignment to {self._resolve(dotted)!r}: a kernel may not "
                                                 f"change other modules (monkey-patching)"))
-                elif not self._own(node):
+                elif not self._own(node) and not self._library_setting(dotted):
                     self._foreign_write(node, dotted)
             return  # the chain is checked as a whole
         if isinstance(node.ctx, (ast.Store, ast.Del)) and self.s.forbid_module_state and not self._own(node):
@@ -459,6 +536,7 @@ def static_check(source: str, settings: IntegritySettings, *, filename: str = "<
     except SyntaxError as exc:
         return [Violation(exc.lineno or 0, "syntax", f"syntax error: {exc.msg}")]
     checker = _Checker(settings, _own_objects(tree))
+    checker.made_by = _made_by_calls(tree)
     checker.visit(tree)
     seen, unique = set(), []
     for v in checker.found:

@@ -16,6 +16,15 @@ from kbench.devices import Device
 from kbench.stats import rel_standard_error
 
 
+#: How kbench makes a time, as a number that changes when a change to kbench moves the times it reports for the
+#: same kernel on the same machine (a new ruler, not a faster or slower kernel). Result files record it
+#: (``environment.measuring_method``); a history keeps the runs of each method apart (kbench.history), so an
+#: upgrade of kbench is never reported as a regression of the kernels. 1: each call timed in the backend's own
+#: process (to 2026-11-30); 2: the parent judges: inputs drawn from a per-run secret, batches of calls timed on
+#: the parent's clock and checked against the worker's samples (result files with ``input_secrets``).
+MEASURING_METHOD = 2
+
+
 @dataclass(frozen=True)
 class TimingSettings:
     warmup_calls: int = 1          # at least this many untimed calls

@@ -360,7 +360,7 @@ def test_regressions_finds_a_large_step_in_every_series_of_a_short_history(tmp_p
 # -- the newest run: never silent (issue 34) ------------------------------------------------------------
 
 
-def _short_history(root, factors, *, seed: int = 0, spread: float = 0.03):
+def _short_history(root, factors, *, seed: int = 0, spread: float = 0.03, methods=None):
     """Runs of two backends on three attention cases, one per day, run ``i`` taking ``factors[i]`` times as long
     as the first on every case (each record 100 samples spread ``spread``, and a 1% run-to-run jitter)."""
     from synthetic_results import record, result
@@ -377,6 +377,8 @@ def _short_history(root, factors, *, seed: int = 0, spread: float = 0.03):
         data = result(recs, name=f"attention-{run}")
         data["created"] = f"2026-10-0{run + 1}T00:00:00+00:00"
         data["environment"]["git_commit"] = hs.fake_commit(run)
+        if methods is not None:
+            data["environment"]["measuring_method"] = methods[run]
         (root / "r" / f"attention-{run}.json").write_text(json.dumps(data))
     return root / "r"
 
@@ -446,3 +448,32 @@ def test_a_symlink_loop_is_skipped_with_a_warning_and_a_json_array_quietly(tmp_p
     # nothing but the loop: refused, exit 2, no traceback
     res = CliRunner().invoke(cli, ["regressions", str(root / "loop-a.json"), "--no-cache"])
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit) and "none of the 1" in res.stderr
+
+
+def test_a_new_measuring_method_starts_new_series_and_is_never_a_regression(tmp_path):
+    """An upgrade of kbench that changes how it times (kbench.timing.MEASURING_METHOD) moved every time of the
+    repository's own results/ by -32% to +130% between the CPU runs of 2026-11-29 and 2026-12-02, and
+    `kbench regressions results/ --fail` failed on 32 of them: the ruler, not the kernels. Runs of a new
+    method start series of their own; within a method the gate is as before."""
+    root = _short_history(tmp_path / "upgrade", [1.0, 1.0, 2.0], methods=[1, 1, 2])
+    res = invoke("regressions", root, "--fail", "--no-cache")
+    assert res.exit_code == 0, res.output
+    data = json.loads(invoke("regressions", root, "--format", "json", "--no-cache").output)
+    assert data["steps"] == [] and data["unconfirmed"] == []
+    # the next run of the new method 2x slower than the first: the gate fails on it
+    root = _short_history(tmp_path / "then", [1.0, 1.0, 2.0, 4.0], methods=[1, 1, 2, 2])
+    res = invoke("regressions", root, "--fail", "--no-cache")
+    assert res.exit_code == 1 and "6 unconfirmed newest runs" in res.output, res.output
+
+
+def test_the_measuring_method_of_a_result_file():
+    from kbench.history.runs import measuring_method_of
+    from kbench.plugins import get_plugin_manager
+    from kbench.run.runner import environment
+    from kbench.timing import MEASURING_METHOD
+
+    assert environment(get_plugin_manager())["measuring_method"] == MEASURING_METHOD  # written by every run
+    assert measuring_method_of({"environment": {"measuring_method": 3}}) == 3
+    assert measuring_method_of({"environment": {}, "input_secrets": {}}) == 2  # the parent judged: before the field
+    assert measuring_method_of({"environment": {}}) == 1
+    assert measuring_method_of({"environment": {"measuring_method": True}}) == 1  # not a method number

@@ -71,6 +71,11 @@ class Run:
         return (self.time, self.created, str(self.path))
 
     @property
+    def method(self) -> str:
+        """How its times were made (kbench.timing.MEASURING_METHOD), as a string."""
+        return self.environment.get("measuring_method", "1")
+
+    @property
     def label(self) -> str:
         commit = f"{self.commit[:10]}{'-dirty' if self.dirty else ''}" if self.commit else "no commit"
         return f"{self.created:%Y-%m-%d %H:%M} {commit}"
@@ -106,7 +111,17 @@ def environment_of(data: Mapping[str, Any]) -> dict[str, str]:
     for key, value in (data.get("environment") or {}).items():
         if key not in _ENV_NOT_SOFTWARE:
             env.update(_flat(str(key), value))
+    env["measuring_method"] = str(measuring_method_of(data))
     return env
+
+
+def measuring_method_of(data: Mapping[str, Any]) -> int:
+    """The way the run's times were made (kbench.timing.MEASURING_METHOD); files written before it was recorded:
+    2 when the judge drew the inputs from a run secret (the file has ``input_secrets``), else 1."""
+    value = (data.get("environment") or {}).get("measuring_method")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return 2 if "input_secrets" in data else 1
 
 
 def reduce_result(path: Path, data: Mapping[str, Any]) -> Run:
@@ -210,7 +225,7 @@ def default_repo(paths: Sequence[str | Path]) -> Path | None:
 
 
 #: bump when ``Run``/``Point`` or the cache's layout change: older caches are then ignored
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: environment has measuring_method
 
 
 def default_cache(paths: Sequence[str | Path]) -> Path:

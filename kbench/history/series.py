@@ -1,4 +1,4 @@
-"""Time series of a history: one per (machine, op, case, backend), the runs in history order.
+"""Time series of a history: one per (machine, op, case, backend, measuring method), the runs in history order.
 
 Histories keep machines apart (a series is one machine's): a time measured on another machine is
 another quantity. ``mix_machines=True`` joins them into one history ordered by time, for a person who
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from kbench.history.runs import EnvChange, Point, Run, environment_changes
+from kbench.timing import MEASURING_METHOD
 
 ALL_MACHINES = "all machines"
 
@@ -25,14 +26,18 @@ class Series:
     backend: str
     runs: list[int] = field(default_factory=list)     # index of each point's run in ``History.runs``
     points: list[Point] = field(default_factory=list)
+    #: how its times were made (kbench.timing.MEASURING_METHOD): runs of another method are another series
+    method: str = str(MEASURING_METHOD)
 
     @property
     def key(self) -> str:
-        return f"{self.machine}|{self.backend}|{self.case_id}"
+        key = f"{self.machine}|{self.backend}|{self.case_id}"
+        return key if self.method == str(MEASURING_METHOD) else f"{key}|method {self.method}"
 
     @property
     def title(self) -> str:
-        return f"{self.backend} \u00b7 {self.case_id}"
+        title = f"{self.backend} \u00b7 {self.case_id}"
+        return title if self.method == str(MEASURING_METHOD) else f"{title} (measuring method {self.method})"
 
 
 @dataclass
@@ -50,15 +55,17 @@ class History:
 
 
 def build_history(machine: str, runs: Sequence[Run]) -> History:
-    by_key: dict[tuple[str, str, str], Series] = {}
+    by_key: dict[tuple[str, str, str, str], Series] = {}
     for i, run in enumerate(runs):
         for p in run.points:
-            s = by_key.get((p.op, p.case_id, p.backend))
+            # a new measuring method is a new ruler: its times start a series of their own, never a step
+            key = (p.op, p.case_id, p.backend, run.method)
+            s = by_key.get(key)
             if s is None:
-                s = by_key[(p.op, p.case_id, p.backend)] = Series(machine, p.op, p.case_id, p.case, p.backend)
+                s = by_key[key] = Series(machine, p.op, p.case_id, p.case, p.backend, method=run.method)
             s.runs.append(i)
             s.points.append(p)
-    series = sorted(by_key.values(), key=lambda s: (s.op, s.backend, s.case_id))
+    series = sorted(by_key.values(), key=lambda s: (s.op, s.backend, s.case_id, s.method))
     # a mixed history's "environment changes" would mark every switch between machines: not drawn
     changes = [] if machine == ALL_MACHINES else environment_changes(runs)
     return History(machine, list(runs), series, changes)

@@ -70,8 +70,11 @@ def git_commit(cwd: Path | None = None) -> str | None:
 def environment(pm: PluginManager) -> dict[str, Any]:
     """kbench, Python and plugin versions, git commit, and what the plugins' ``kbench_environment`` hooks add
     (a hook that raises is recorded under ``plugin_errors`` and the run goes on)."""
-    env: dict[str, Any] = {"kbench": __version__, "python": platform.python_version(),
-                           "executable": sys.executable, "git_commit": git_commit()}
+    from kbench.timing import MEASURING_METHOD
+
+    env: dict[str, Any] = {"kbench": __version__, "measuring_method": MEASURING_METHOD,
+                           "python": platform.python_version(), "executable": sys.executable,
+                           "git_commit": git_commit()}
     plugins = {}
     for info in pm.infos:
         top = info.module.split(".")[0]

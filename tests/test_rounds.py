@@ -204,6 +204,7 @@ def test_the_cli_takes_rounds_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("rounds,noted", [(1, True), (3, False)])
 def test_compare_says_when_a_flag_rests_on_one_run_of_one_round(tmp_path, rounds, noted):
+    """And (rounds 1) warns when the runs were timed by different measuring methods (kbench.timing)."""
     from synthetic_results import lognormal, record, result, write
 
     params = [{"seqlen": s, "heads": 2, "head_dim": 32} for s in (64, 128, 256, 512)]
@@ -215,9 +216,11 @@ def test_compare_says_when_a_flag_rests_on_one_run_of_one_round(tmp_path, rounds
                  for i, p in enumerate(params)]
         data = result(recs)
         data["selection"] = {"rounds": rounds}
+        data["environment"]["measuring_method"] = 1 if side == "base" and rounds == 1 else 2
         files.append(write(tmp_path / f"{side}.json", data))
     out = CliRunner().invoke(cli, ["compare", *files])
     assert out.exit_code == 0, out.output
     assert "4 slower" in out.output
     assert ("kbench run --rounds 3" in out.output) is noted
     assert (f"{rounds} rounds" in out.output) is (rounds > 1)
+    assert ("different measuring methods (1 before, 2 after" in out.output) is (rounds == 1)

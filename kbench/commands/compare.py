@@ -124,6 +124,13 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
         why = machine_mismatch(*data)
         if why:
             click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
+        from kbench.history.runs import measuring_method_of
+
+        methods = [measuring_method_of(runs[0]) for runs in sides]
+        if methods[0] != methods[1]:
+            click.echo(f"WARNING: different measuring methods ({methods[0]} before, {methods[1]} after: kbench "
+                       "changed how it times between the runs): ratios compare the rulers as well as the code; "
+                       "see docs/history.md")
         click.echo(f"ratio = after / before (median time); n = samples before/after; factor {settings.factor:g}, "
                    f"alpha {settings.alpha:g}, run-to-run scatter {100 * settings.run_noise:g}%\n")
     if shown or not text:

@@ -45,6 +45,9 @@ class TimingSettings:
         values = asdict(base or cls())
         names = {f.name for f in fields(cls)}
         values.update({k: v for k, v in (data or {}).items() if k in names})
+        for k, v in values.items():  # JSON Schema's integers include 2.0: counts are ints here (range(), [:n])
+            if isinstance(cls.__dataclass_fields__[k].default, int) and isinstance(v, float) and v.is_integer():
+                values[k] = int(v)
         return cls(**values)
 
     def per_round(self) -> TimingSettings:

@@ -224,3 +224,20 @@ def test_compare_says_when_a_flag_rests_on_one_run_of_one_round(tmp_path, rounds
     assert ("kbench run --rounds 3" in out.output) is noted
     assert (f"{rounds} rounds" in out.output) is (rounds > 1)
     assert ("different measuring methods (1 before, 2 after" in out.output) is (rounds == 1)
+
+
+def test_counts_written_as_integral_floats_are_counts(tmp_path):
+    """JSON Schema's integers include 2.0 and 100.0: ``rounds: 2.0`` reached range() as a float (a traceback), and
+    so did ``max_samples: 100.0`` in the judge's batch sizes."""
+    path = tmp_path / "s.yaml"
+    path.write_text(Path(SMOKE).read_text().replace("  rotate: 2\n", "  rotate: 2\n  rounds: 2.0\n  max_samples: 100.0\n")
+                    .replace("  min_samples: 5\n", "  min_samples: 4.0\n"))
+    timing = TimingSettings.from_mapping({"rounds": 2.0, "max_samples": 100.0, "min_samples": 4.0, "min_time": 1})
+    assert (type(timing.rounds), type(timing.max_samples), type(timing.min_samples)) == (int, int, int)
+    assert timing.min_time == 1  # a float field keeps what it was given
+    out = tmp_path / "o.json"
+    result = CliRunner().invoke(cli, ["run", str(path), "-b", "numpy", "-k", "sq=64 and hkv=4 and noncausal",
+                                      "--no-isolate", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    (rec,) = load_result(out)["records"]
+    assert rec["status"] == "passed" and len(rec["timing"]["rounds"]) == 2

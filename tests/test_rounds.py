@@ -246,3 +246,37 @@ def test_timing_settings_from_python_take_integral_floats_as_counts():
     timing = TimingSettings.from_mapping({"rounds": 2.0, "max_samples": 100.0, "min_samples": 4.0, "min_time": 1})
     assert (type(timing.rounds), type(timing.max_samples), type(timing.min_samples)) == (int, int, int)
     assert timing.min_time == 1  # a float field keeps what it was given
+
+
+def test_a_round_that_timed_out_gets_no_further_rounds(tmp_path):
+    """An untrusted backend timing out in round 1: no later round of that record runs (a hang costs the case
+    timeout once, rounds or not); its cases not yet handed out are not started (the pool's own rule stops the
+    ones already queued); the other backend gets all its rounds."""
+    from kbench.judge.context import new_record
+    from kbench.run.pool import execute_in_process
+
+    pm, planned = _planned(tmp_path, 3, keyword="d=32 and noncausal and hkv=4")
+    hang = planned.backends[1]
+    calls = []
+
+    def run(backend, case):
+        calls.append((backend.name, case.id))
+        if backend is hang:
+            rec = new_record(backend.name, case, planned.ctx.device.name)
+            rec.update(status="timeout", reason="exceeded the case timeout")
+            return rec
+        return execute_in_process(planned.ctx, backend, case)
+
+    hang.stop_after_timeout = True  # as an untrusted kernel's
+    try:
+        run_suite(pm, planned, executor=run)
+    finally:
+        del hang.stop_after_timeout
+    cases = [c.id for c in planned.plan.cases if planned.keyword.matches(hang.name, c.id)]
+    assert len(cases) == 2
+    assert [c for b, c in calls if b == hang.name] == cases  # round 1 only (both were handed out together)
+    assert sum(b != hang.name for b, _ in calls) == 3 * len(cases)
+    recs = {(r["backend"], r["case_id"]): r for r in load_result(planned.output)["records"]}
+    assert all(recs[(hang.name, c)]["status"] == "timeout" for c in cases)
+    assert all(len(recs[(b.name, c)]["timing"]["rounds"]) == 3 for b in planned.backends if b is not hang
+               for c in cases)

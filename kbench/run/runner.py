@@ -346,6 +346,8 @@ def run_suite(pm: PluginManager, planned: PlannedRun, *, executor: Executor | Ca
         while written < len(todo):
             while submitted < len(jobs) and submitted - first_job[written] < window:
                 unit, k = jobs[submitted]
+                if rounds - outstanding[unit] < k - 1:
+                    break  # a round is handed out once the one before it is back: it may not be wanted
                 case, backend = todo[unit]
                 earlier = parts.get(unit, {})
                 if k > 1 and any(r.get("status") != Status.PASSED.value for r in earlier.values()):

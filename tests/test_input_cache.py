@@ -103,3 +103,9 @@ def test_an_untrusted_kernel_that_rewrites_its_input_and_every_cached_copy_is_st
 
     rec = _judge(kbench_pm, kbench_case(seqlen=16), kernel, trusted=False)
     assert rec["status"] == "failed" and "input 'q' was modified" in rec["reason"], rec["reason"]
+
+
+def test_in_a_capped_process_the_cache_takes_an_eighth_of_the_cap_at_most():
+    assert drawn.cache_within(None) == drawn.CACHE_BYTES
+    assert drawn.cache_within(2**40) == drawn.CACHE_BYTES
+    assert drawn.cache_within(1 << 30) == (1 << 30) // 8

@@ -249,8 +249,18 @@ class HostInputCache:
             self.bytes = 0
 
 
-#: this process's cache of drawn inputs (HostInputCache): 256 MiB at most
-CACHE = HostInputCache(256 * 2**20)
+#: the most a process's cache of drawn inputs holds (HostInputCache)
+CACHE_BYTES = 256 * 2**20
+#: this process's cache of drawn inputs
+CACHE = HostInputCache(CACHE_BYTES)
+
+
+def cache_within(address_space: int | None) -> int:
+    """The cache's limit in a process whose address space is capped (a worker's RLIMIT_AS, shared with the kernel's
+    own arrays): an eighth of the cap at most, so the cache never decides whether a case fits."""
+    if address_space is None or address_space <= 0:
+        return CACHE_BYTES
+    return min(CACHE_BYTES, address_space // 8)
 
 
 def generate(spec: InputSpec, key: tuple[int, int], stream: int, out: np.ndarray | None = None) -> np.ndarray:

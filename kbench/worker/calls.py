@@ -101,6 +101,11 @@ class CallRunner:
         drawn.CACHE.enabled = not self.strict
         if self.strict:
             drawn.CACHE.clear()
+        else:  # the worker's address-space cap holds the kernel's arrays too: the cache takes an eighth at most
+            import resource
+
+            soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+            drawn.CACHE.max_bytes = drawn.cache_within(None if soft == resource.RLIM_INFINITY else soft)
         self.backward_inputs = tuple(payload.get("backward_inputs", ()))
         self.out_dtype = DType(payload["out_dtype"])
         self.specs = dict(self.op.input_specs(case) or {}) or None

@@ -156,6 +156,7 @@ class Worker:
         self.starts = 0
         self.ns_pid: int | None = None
         self.timeout = 0.0  # the case timeout of the current job (for its record)
+        self.exit_sent = False
 
     @property
     def alive(self) -> bool:
@@ -167,6 +168,7 @@ class Worker:
         The channel is one end of a socketpair passed by fd number; bwrap keeps inherited fds open,
         so the protocol is the same inside the sandbox and out.
         """
+        self.exit_sent = False
         from kbench.run.sandbox import SYSTEM_DIRS, readable_roots
         from kbench.run.scratch import make_worker_dir
 
@@ -293,13 +295,19 @@ class Worker:
             except subprocess.TimeoutExpired:
                 pass
 
-    def close(self) -> None:
-        """Ask the worker to exit, kill it if it does not, remove its scratch directory."""
-        if self.conn is not None:
+    def ask_to_exit(self) -> None:
+        """Send the exit message (the pool asks every worker before it waits for any: they exit together)."""
+        if self.conn is not None and not self.exit_sent:
+            self.exit_sent = True
             try:
                 self.conn.send(("exit",))
             except (OSError, ValueError):
                 pass
+
+    def close(self) -> None:
+        """Ask the worker to exit, kill it if it does not, remove its scratch directory."""
+        if self.conn is not None:
+            self.ask_to_exit()
             if self.proc is not None:
                 try:
                     self.proc.wait(timeout=2)
@@ -511,6 +519,8 @@ class WorkerPool:
         return rec
 
     def close(self) -> None:
+        for worker in self.workers.values():
+            worker.ask_to_exit()
         while self.workers:
             _, worker = self.workers.popitem()
             worker.close()

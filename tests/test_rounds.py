@@ -280,3 +280,13 @@ def test_a_round_that_timed_out_gets_no_further_rounds(tmp_path):
     assert all(recs[(hang.name, c)]["status"] == "timeout" for c in cases)
     assert all(len(recs[(b.name, c)]["timing"]["rounds"]) == 3 for b in planned.backends if b is not hang
                for c in cases)
+
+
+def test_the_python_api_takes_rounds_through_timing():
+    import kbench.api as kb
+
+    m = kb.measure("numpy", cases=[{"seqlen": 48, "heads": 2, "head_dim": 16}], device="cpu", timing={"rounds": 2},
+                   isolate=False)
+    (rec,) = m.records
+    assert rec.status.value == "passed" and len(rec.timing["rounds"]) == 2
+    assert sum(r["samples"] for r in rec.timing["rounds"]) == len(rec.samples)

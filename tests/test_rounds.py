@@ -198,6 +198,8 @@ def test_the_cli_takes_rounds_and_says_so(tmp_path):
     assert "in 2 rounds" in result.output
     (rec,) = load_result(out)["records"]
     assert len(rec["timing"]["rounds"]) == 2
+    shown = CliRunner().invoke(cli, ["show", str(out)])
+    assert shown.exit_code == 0 and "complete, each record in 2 rounds" in shown.output
     again = CliRunner().invoke(cli, ["run", "--resume", str(out), "--rounds", "3"])
     assert again.exit_code == 2 and "--resume takes" in again.output
 

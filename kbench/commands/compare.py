@@ -107,6 +107,7 @@ def pair_runs(results, data, settings, *, allow_different_suites: bool, allow_di
 def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, sort: str, fmt: str) -> None:
     """The pairs as a table (backends skipped in both runs as one line each, a summary line) or CSV/JSON."""
     from kbench.compare import Change, both_skipped, counts, geomean, machine_mismatch, sort_pairs
+    from kbench.run.rounds import rounds_of
     from kbench.tables import compare_table
 
     text = fmt in ("table", "markdown")
@@ -147,12 +148,6 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
             click.echo("note: a side is one run measured in one round: a slow moment of the machine can cover every "
                        "sample of a small record. For a gate, make both runs with `kbench run --rounds 3` or pool "
                        "runs (a1.json,a2.json); see docs/compare.md, \"Rounds\".")
-
-
-def rounds_of(run) -> int:
-    """The rounds each record of a run was measured in (kbench.run.rounds): 1 for runs made before rounds."""
-    rounds = (run.get("selection") or {}).get("rounds")
-    return rounds if isinstance(rounds, int) and rounds >= 1 else 1
 
 
 def fail_on_regressions(pairs) -> None:

@@ -31,6 +31,9 @@ def show_command(result, fmt, keyword, profile, repro):
     if fmt in ("table", "markdown"):
         hw = (data.get("hardware") or {}).get("title", "no hardware profile")
         state = "complete" if data["complete"] else f"INCOMPLETE ({data.get('interrupted') or 'still running or killed'})"
+        from kbench.run.rounds import rounds_of
+
+        state += f", each record in {rounds_of(data)} rounds" if rounds_of(data) > 1 else ""
         click.echo(f"{data['suite']['name']} on {data['machine']['id']} ({data['device']}, {hw}), "
                    f"{data['created']}, {state}\n")
     least = min_samples_of(data)

@@ -28,6 +28,12 @@ _ADDITIVE = ("parent_seconds", "sample_seconds", "batches", "untimed_forward_sec
              "judged_seconds")
 
 
+def rounds_of(run: Any) -> int:
+    """The rounds each record of a result was measured in (``selection.rounds``): 1 for runs made before rounds."""
+    rounds = (run.get("selection") or {}).get("rounds")
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1 else 1
+
+
 def round_order(units: int, rounds: int, block: int = BLOCK) -> list[tuple[int, int]]:
     """The jobs of ``units`` records in ``rounds`` rounds, as (record index, round number from 1): block by
     block, in each block every record's round 1, then every record's round 2, ..."""

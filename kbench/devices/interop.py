@@ -231,8 +231,26 @@ def cuda_unavailable_reason(index: int | None = None) -> str | None:
     return _cuda_unavailable_reason(cuda_device_index() if index is None else index)
 
 
+def _no_driver() -> str | None:
+    """Why there is no CUDA driver here, known without importing CuPy (0.6 s): on Linux the runtime loads the
+    driver library ``libcuda.so.1``; when it cannot be loaded no CUDA call can succeed. None: it loads (or this is
+    not Linux), so ask the runtime."""
+    if not sys.platform.startswith("linux") or "cupy" in sys.modules:
+        return None
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"CUDA runtime: no NVIDIA driver on this machine (libcuda.so.1 cannot be loaded: {exc})"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_unavailable_reason(index: int) -> str | None:
+    missing = _no_driver()
+    if missing:
+        return missing
     try:
         import cupy as cp
     except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA library CuPy could not load

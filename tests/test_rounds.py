@@ -292,3 +292,39 @@ def test_the_python_api_takes_rounds_through_timing():
     (rec,) = m.records
     assert rec.status.value == "passed" and len(rec.timing["rounds"]) == 2
     assert sum(r["samples"] for r in rec.timing["rounds"]) == len(rec.samples)
+
+
+def test_a_kernel_that_memoises_by_content_never_sees_an_input_twice_in_a_run(kbench_pm, kbench_case):
+    """Rounds judge a (case, backend) several times in one run with one secret. An untrusted kernel keeping
+    outputs by input content across its jobs would be handed round 1's inputs again in round 2 and answer from
+    memory, correctly and in no time. Every key of an untrusted kernel's job is its own (kbench.judge.inputs:
+    a nonce per job), so no call of any round repeats an input of another."""
+    import dataclasses
+    import hashlib
+
+    from kbench.builtin.numpy_backends import attention_numpy
+    from kbench.judge.context import RunContext
+    from kbench.judge.judge import judge
+    from kbench.ops.attention import softmax_scale
+    from kbench.run.pool import LocalChannel
+    from kbench.testing import TEST_CHECK, TEST_TIMING, FunctionBackend
+    from kbench.worker.calls import CallRunner
+
+    seen: dict[str, int] = {}
+
+    def memo(q, k, v, out, case):
+        digest = hashlib.sha256(q.tobytes() + k.tobytes() + v.tobytes()).hexdigest()
+        seen[digest] = seen.get(digest, 0) + 1
+        attention_numpy(q, k, v, out, causal=case["causal"], scale=softmax_scale(case))
+
+    ctx = RunContext(op=kbench_pm.registry.op("attention"), device=kbench_pm.registry.device("cpu"), check=TEST_CHECK,
+                     timing=dataclasses.replace(TEST_TIMING, rounds=1))
+    case = kbench_case(seqlen=16)
+    nonces = set()
+    for _ in range(2):  # two rounds of one record: one run context, one secret
+        rec = judge(ctx, LocalChannel(CallRunner(ctx.device, ctx.op), FunctionBackend(memo)), "memo", case,
+                    trusted=False)
+        assert rec["status"] == "passed", rec["reason"]
+        nonces.add(rec["integrity"]["input_nonce"])
+    assert seen and max(seen.values()) == 1, sorted(seen.values())[-5:]
+    assert len(nonces) == 2  # each job's, in its record: with the run's secret it regenerates the inputs

@@ -15,15 +15,18 @@ class InputSource:
     """The input keys of one case: HMAC-SHA256 of the run's secret, the case id, a purpose and a counter.
 
     A key reveals nothing about the secret or about any other key, so a worker that sees the keys of its
-    calls cannot compute the inputs of calls it has not been sent yet.
+    calls cannot compute the inputs of calls it has not been sent yet. ``nonce``: a job's own (an untrusted
+    kernel's: kbench.judge.judge), so the same (case, purpose, counter) judged again in the run (rounds) gets other
+    inputs and a kernel keeping outputs by input content never sees an input twice. Without one, every backend of
+    a case, and every round, gets the same keys (trusted libraries: the inputs drawn once, kbench.ops.inputs).
     """
 
-    def __init__(self, secret: bytes, op, case) -> None:
-        self.secret, self.op, self.case = secret, op, case
+    def __init__(self, secret: bytes, op, case, nonce: bytes = b"") -> None:
+        self.secret, self.op, self.case, self.nonce = secret, op, case, nonce
         self.specs = op.input_specs(case)
 
     def key(self, purpose: str, index: int) -> tuple[int, int]:
-        msg = f"{self.case.id}\x00{purpose}\x00{index}".encode()
+        msg = f"{self.case.id}\x00{purpose}\x00{index}".encode() + (b"\x00" + self.nonce if self.nonce else b"")
         digest = hmac.new(self.secret, msg, hashlib.sha256).digest()
         return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:16], "little")
 

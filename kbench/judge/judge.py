@@ -71,7 +71,8 @@ class Judge:
     def __init__(self, ctx, channel, case, timeout: float | None = None, *, trusted: bool = True) -> None:
         self.ctx, self.channel, self.case, self.trusted = ctx, channel, case, trusted
         self.deadline = time.monotonic() + timeout if timeout else None
-        self.source = InputSource(ctx.secret, ctx.op, case)
+        # an untrusted kernel's keys are its job's own: judged again in this run (rounds), it meets new inputs
+        self.source = InputSource(ctx.secret, ctx.op, case, b"" if trusted else secrets.token_bytes(16))
         self.rng = np.random.default_rng(secrets.randbits(128))   # rows and verified calls: after the fact
         self.buf: mmap.mmap | None = None
         self.layout: Layout | None = None
@@ -187,6 +188,8 @@ class Judge:
         rec["stats"] = stats
         integrity["threads"] = dict(zip(("python", "native"), self.threads))
         integrity["timed_inputs"] = "generated on the device just before each call, from keys of the run's secret"
+        if self.source.nonce:  # with the run's secret (published when it ends) it regenerates every input
+            integrity["input_nonce"] = self.source.nonce.hex()
         metrics = roofline_point(ctx.hardware, str(case.dtype), op.flops(case), op.min_bytes(case), stats["median"])
         metrics["footprint"] = op.footprint(case)
         rec["metrics"] = metrics

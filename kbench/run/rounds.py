@@ -96,7 +96,10 @@ def merge_rounds(parts: Sequence[dict[str, Any]], planned_rounds: int, *, hardwa
         sampling_time=sum(float(t.get("sampling_time") or 0.0) for t in timings),
         rounds=[{"samples": len(t.get("samples") or []), "median": (p.get("stats") or {}).get("median"),
                  "stop_reason": t.get("stop_reason"), "started": p.get("started"),
-                 "accounting": t.get("accounting")} for p, t in zip(parts, timings)],
+                 "accounting": t.get("accounting"),
+                 **({"input_nonce": (p.get("integrity") or {})["input_nonce"]}
+                    if "input_nonce" in (p.get("integrity") or {}) else {})}
+                for p, t in zip(parts, timings)],
         rounds_planned=planned_rounds,
     )
     accountings = [t["accounting"] for t in timings if isinstance(t.get("accounting"), dict)]

@@ -146,8 +146,10 @@ def test_a_slow_moment_over_one_record_is_a_false_alarm_in_one_round_and_not_in_
     pairs = [p for p in compare_runs(load_result(base_plan.output), load_result(new_plan.output), Settings()) if p.test]
     assert len(pairs) == 1
     assert (pairs[0].change is Change.SLOWER) is flagged, (pairs[0].change, pairs[0].test.ratio)
-    if not flagged:  # the pooled median sits where the two clean rounds put it, give or take their spread
-        assert pairs[0].test.ratio < 1.15
+    if not flagged:  # the pooled median moved by less than half of the slow moment's 60% (one round in three)
+        (rec,) = load_result(new_plan.output)["records"]
+        clean = [r["median"] for r in rec["timing"]["rounds"][1:]]
+        assert rec["stats"]["median"] < 1.3 * max(clean), (rec["stats"]["median"], clean)
 
 
 def test_ctrl_c_keeps_the_rounds_measured_and_a_resume_keeps_the_rounds(tmp_path):

@@ -272,30 +272,14 @@ def _made_by_calls(tree: ast.AST) -> dict[str, list[ast.expr | None]]:
     return values
 
 
-def _own_objects(tree: ast.AST) -> frozenset[str]:
-    """Names the file binds only to objects it makes itself: its classes, and names assigned (anywhere) from a
-    call of one of its classes. An attribute written on anything else may be a module's or a builtin's."""
+def _own_objects(tree: ast.AST, made_by: dict[str, list[ast.expr | None]]) -> frozenset[str]:
+    """Names the file binds only to objects it makes itself: its classes, and names every assignment of which
+    (``made_by``, :func:`_made_by_calls`) is a call of one of its classes. An attribute written on anything else
+    may be a module's or a builtin's."""
     classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    made: dict[str, bool] = {}
-    for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) else []
-        value = getattr(node, "value", None)
-        own = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes
-        for target in targets:
-            if isinstance(target, ast.Name):
-                made[target.id] = made.get(target.id, True) and own
-    for node in ast.walk(tree):  # a name that is also a parameter, a loop variable or an import is not only own
-        if isinstance(node, ast.arg):
-            made[node.arg] = False
-        elif isinstance(node, (ast.For, ast.comprehension, ast.With)):
-            for name in ast.walk(getattr(node, "target", node)):
-                if isinstance(name, ast.Name) and isinstance(node, (ast.For, ast.comprehension)):
-                    made[name.id] = False
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for a in node.names:
-                made[(a.asname or a.name).split(".")[0]] = False
-    return frozenset(classes | {n for n, own in made.items() if own})
+    made = {name for name, callees in made_by.items()
+            if all(isinstance(c, ast.Name) and c.id in classes for c in callees)}
+    return frozenset(classes | made)
 
 
 class _Checker(ast.NodeVisitor):
@@ -535,8 +519,9 @@ def static_check(source: str, settings: IntegritySettings, *, filename: str = "<
         tree = parse_source(source, filename)
     except SyntaxError as exc:
         return [Violation(exc.lineno or 0, "syntax", f"syntax error: {exc.msg}")]
-    checker = _Checker(settings, _own_objects(tree))
-    checker.made_by = _made_by_calls(tree)
+    made_by = _made_by_calls(tree)
+    checker = _Checker(settings, _own_objects(tree, made_by))
+    checker.made_by = made_by
     checker.visit(tree)
     seen, unique = set(), []
     for v in checker.found:

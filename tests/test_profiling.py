@@ -86,8 +86,13 @@ def test_dry_run_prints_the_command_line(capsys):
 
 @pytest.fixture
 def fake_ncu(tmp_path):
-    """An executable standing in for ncu: checks its command line, then prints a recorded CSV or fails."""
+    """An executable standing in for ncu: checks its command line, then prints a recorded CSV or fails. The CSV is
+    copied beside it: in the sandbox ncu's installation is readable and the checkout's tests/ is not (it was only
+    when an earlier test in the same process had imported the ``tests`` package, so the sandboxed test failed run
+    alone)."""
     script = tmp_path / "ncu"
+    recorded = tmp_path / "ncu-raw.csv"
+    recorded.write_text((DATA / "ncu-raw-triton-fwd-bwd.csv").read_text())
     script.write_text(f"""#!{sys.executable}
 import os, sys
 args = sys.argv[1:]
@@ -98,7 +103,7 @@ if mode == "fail":
     sys.exit(1)
 if mode == "hang":
     import time; time.sleep(60)
-sys.stdout.write(open({str(DATA / "ncu-raw-triton-fwd-bwd.csv")!r}).read())
+sys.stdout.write(open({str(recorded)!r}).read())
 """)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)

@@ -10,8 +10,9 @@ Google Benchmark's random interleaving of repetitions is the same idea.
 Each round is an ordinary job: worker, correctness trials, warm-up, timed batches, and for an untrusted kernel
 every timed call checked and the clock accounted, so a round is judged as any record is. The runner asks for the
 rounds of a block of records one pass after another (:func:`round_order`) and, once a record's rounds are back,
-writes the one record :func:`merge_rounds` makes of them: the samples pooled, statistics and rates from the pool,
-each round's size, median and accounting under ``timing.rounds``. A round that does not pass is the record (its
+writes the one record :func:`merge_rounds` makes of them: the samples pooled, each round with the same weight
+(:func:`equal_shares`), statistics and rates from the pool, each round's size, share, median and accounting under
+``timing.rounds``. A round that does not pass is the record (its
 failure is not averaged away); a record whose first round does not pass gets no other round.
 """
 from __future__ import annotations
@@ -68,6 +69,27 @@ def _sum_accounting(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def equal_shares(rounds: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Each round's samples for the pool: as many from every round as the smallest round has, taken evenly over
+    the round (its first and last among them). A round is one draw of the machine's state and its samples are
+    alike, so every round weighs the same: a round in a slow, noisy moment keeps sampling until its time is up
+    (up to ten times a quiet round's samples on the smoke suite) and, pooled whole, would outweigh the quiet
+    ones and carry the median with it. Rounds without samples take no share."""
+    sizes = [len(r) for r in rounds if len(r)]
+    if not sizes:
+        return [list(r) for r in rounds]
+    k = min(sizes)
+    out = []
+    for r in rounds:
+        n = len(r)
+        if n <= k:
+            out.append(list(r))
+            continue
+        # k indices spread evenly from 0 to n - 1, all different (k <= n)
+        out.append([r[(i * (n - 1)) // (k - 1)] for i in range(k)] if k > 1 else [r[n // 2]])
+    return out
+
+
 def merge_rounds(parts: Sequence[dict[str, Any]], planned_rounds: int, *, hardware=None, op=None,
                  case=None) -> dict[str, Any]:
     """One record of a record's rounds (in round order). ``hardware``, ``op`` and ``case`` give the rates again
@@ -85,7 +107,9 @@ def merge_rounds(parts: Sequence[dict[str, Any]], planned_rounds: int, *, hardwa
 
     first = parts[0]
     timings = [p.get("timing") or {} for p in parts]
-    samples = [s for t in timings for s in (t.get("samples") or [])]
+    taken = [list(t.get("samples") or []) for t in timings]
+    shares = equal_shares(taken)
+    samples = [s for share in shares for s in share]
     out = dict(first)
     timing = dict(timings[0])
     timing.update(
@@ -94,12 +118,13 @@ def merge_rounds(parts: Sequence[dict[str, Any]], planned_rounds: int, *, hardwa
         warmup_calls=sum(int(t.get("warmup_calls") or 0) for t in timings),
         warmup_time=sum(float(t.get("warmup_time") or 0.0) for t in timings),
         sampling_time=sum(float(t.get("sampling_time") or 0.0) for t in timings),
-        rounds=[{"samples": len(t.get("samples") or []), "median": (p.get("stats") or {}).get("median"),
+        rounds=[{"samples": len(t.get("samples") or []), "pooled": len(share),
+                 "median": (p.get("stats") or {}).get("median"),
                  "stop_reason": t.get("stop_reason"), "started": p.get("started"),
                  "accounting": t.get("accounting"),
                  **({"input_nonce": (p.get("integrity") or {})["input_nonce"]}
                     if "input_nonce" in (p.get("integrity") or {}) else {})}
-                for p, t in zip(parts, timings)],
+                for p, t, share in zip(parts, timings, shares)],
         rounds_planned=planned_rounds,
     )
     accountings = [t["accounting"] for t in timings if isinstance(t.get("accounting"), dict)]

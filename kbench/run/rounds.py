@@ -118,13 +118,13 @@ def merge_rounds(parts: Sequence[dict[str, Any]], planned_rounds: int, *, hardwa
         warmup_calls=sum(int(t.get("warmup_calls") or 0) for t in timings),
         warmup_time=sum(float(t.get("warmup_time") or 0.0) for t in timings),
         sampling_time=sum(float(t.get("sampling_time") or 0.0) for t in timings),
-        rounds=[{"samples": len(t.get("samples") or []), "pooled": len(share),
+        rounds=[{"samples": len(got), "pooled": len(share),
                  "median": (p.get("stats") or {}).get("median"),
                  "stop_reason": t.get("stop_reason"), "started": p.get("started"),
                  "accounting": t.get("accounting"),
                  **({"input_nonce": (p.get("integrity") or {})["input_nonce"]}
                     if "input_nonce" in (p.get("integrity") or {}) else {})}
-                for p, t, share in zip(parts, timings, shares)],
+                for p, t, got, share in zip(parts, timings, taken, shares)],
         rounds_planned=planned_rounds,
     )
     accountings = [t["accounting"] for t in timings if isinstance(t.get("accounting"), dict)]

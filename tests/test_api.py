@@ -101,7 +101,7 @@ TESTS_NOT_CHECKED: set[str] = set()
 #: single imports of another plugin that a plugin's test needs, each with why (a test of two plugins together)
 CROSS_PLUGIN_TEST_IMPORTS = {
     "plugins/kbench-evolve/tests/test_evolve_parallel.py: kbench_ray.loopback.keep_loopback":
-        "evolve screenings on a Ray cluster the test starts itself, which must listen on loopback only (issue 37)",
+        "evolve screenings on a Ray cluster the test starts itself, which must listen on loopback only",
 }
 
 

@@ -1,6 +1,6 @@
 """The judge's static policy (kbench.judge.policy): attribute writes on modules and builtins are seen through any
 alias, and the judge keeps its own list of what the public names reach. On 6cf3c74 a kernel installed a timer
-replacement with ``setattr(o, n, v)`` inside a function (issue 33, item 1) and the check saw nothing; and
+replacement with ``setattr(o, n, v)`` inside a function and the check saw nothing; and
 policy.py took its list from kbench.api, the one import against the protocol / run / judge / worker layout."""
 from __future__ import annotations
 

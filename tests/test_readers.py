@@ -358,7 +358,7 @@ def test_a_report_of_more_backends_than_colours_is_drawn(tmp_path):
     assert "b10" in (tmp_path / "r.html").read_text()
 
 
-# -- issue 34: what a refusal quotes, a file written while read, a suite name too long for a file name ------------
+# -- what a refusal quotes, a file written while read, a suite name too long for a file name ------------
 
 def test_a_link_to_proc_self_environ_is_refused_without_quoting_any_of_it(tmp_path):
     link = tmp_path / "env.json"

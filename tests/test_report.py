@@ -298,7 +298,7 @@ def test_the_page_fits_a_1400_pixel_window_in_a_browser(runner, tmp_path):
     assert fit["page"] <= fit["view"] and fit["wide"] == [], fit
 
 
-# -- plots that read right (issue 34) -------------------------------------------------------------------------
+# -- plots that read right -------------------------------------------------------------------------
 
 def _throughput_axes(data):
     figs, _ = _figures(data)

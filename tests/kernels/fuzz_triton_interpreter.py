@@ -1,4 +1,4 @@
-"""``kbench fuzz`` of kbench's Triton kernel in Triton's interpreter, on the CPU (issue 36, docs/fuzz.md).
+"""``kbench fuzz`` of kbench's Triton kernel in Triton's interpreter, on the CPU (docs/fuzz.md).
 
 ``TRITON_INTERPRET=1 python tests/kernels/fuzz_triton_interpreter.py --budget 300 --seed 36 [-o REPORT.json]``
 

@@ -439,11 +439,22 @@ class CallRunner:
     def _harness_fault(self, phase: str) -> str | None:
         if self.harness is None:
             return None
-        changed = self.harness.changed()
+        changed = self.harness.changed() + self._shadowed()
         if not changed:
             return None
         shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
         return f"harness tampering: {shown} replaced {phase} (timer or harness functions must not be patched)"
+
+    def _shadowed(self) -> list[str]:
+        """Methods of the runner and of its class's bases hidden by an attribute of this instance (``runner.batch =
+        ...`` replaces the loop for this object only: the module-level snapshot does not see it), and methods of
+        the class replaced since the worker's start."""
+        klass = type(self)
+        found = [f"CallRunner instance attribute {name!r}" for name in vars(self)
+                 if callable(getattr(klass, name, None))]
+        if getattr(klass, "_methods", None) is None:
+            return found
+        return found + [f"CallRunner.{name}" for name, fn in klass._methods.items() if vars(klass).get(name) is not fn]
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -498,3 +509,7 @@ def _np_dtype(name: str) -> np.dtype:
     from kbench.ops.inputs import np_dtype
 
     return np_dtype(name)
+
+
+#: the runner's own methods as imported (before any candidate code): a replaced one is harness tampering
+CallRunner._methods = {name: fn for name, fn in vars(CallRunner).items() if callable(fn) and not name.startswith("__")}

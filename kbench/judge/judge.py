@@ -194,6 +194,7 @@ class Judge:
         ctx, case, op = self.ctx, self.case, self.ctx.op
         out_dtype = op.output_dtype(case)
         # an untrusted kernel's every timed call is collected after its batch: room for a whole batch's outputs
+        begun = time.perf_counter()
         per_call = Layout.plan(op.output_shapes(case), out_dtype.numpy, 1).nbytes
         self.collect_cap = max(1, min(self._pool_cap(), COLLECT_BYTES // max(per_call, 1)))
         slots = max(ctx.check.seeds, 1) if self.trusted else max(ctx.check.seeds, 1, self.collect_cap)
@@ -215,11 +216,14 @@ class Judge:
         why = replies.fault(prepared)
         if why:
             raise CheckFailed(why)
+        self._phase("prepare", begun)
         integrity = rec.setdefault("integrity", {"checks": []})
         if not self.trusted and not ctx.correctness_only:
+            since = time.perf_counter()
             self.twin = _harness_twin(self.channel)
             if self.twin is not None:
                 self._start_twin(job)
+            self._phase("harness twin start", since)
         started = time.perf_counter()
         rec["correctness"] = self.correctness()
         if ctx.correctness_only:  # kbench fuzz, held-out shapes (issue 36): the verdict is the correctness trials'
@@ -437,6 +441,7 @@ class Judge:
         fd = arena_file(self.layout.nbytes)
         try:
             self.twin_buf = mmap.mmap(fd, self.layout.nbytes)
+            _thaw_twin(self.twin)
             reply = expect(self.twin.start({**job, "required_features": ()}, fd, self._remaining()), "prepared")
         except Exception:  # noqa: BLE001 - no twin: the conservative figure, never a failed record
             self._drop_twin()
@@ -452,6 +457,7 @@ class Judge:
         twin, self.twin = self.twin, None
         if twin is not None:
             try:
+                _thaw_twin(twin)  # stopped after its last batch: it must run to hear the end
                 twin.request(("end",), 5.0)
             except Exception:  # noqa: BLE001 - a twin's end is best effort
                 pass
@@ -463,10 +469,9 @@ class Judge:
         calls = [[slot, self.source.key("twin", self.twin_counter + slot)] for slot in range(n)]
         self.twin_counter += n
         message = {"kind": "empty", "calls": calls, **self._timed_message(n)}
-        thaw, freeze = getattr(self.twin, "thaw", None), getattr(self.twin, "freeze", None)
+        freeze = getattr(self.twin, "freeze", None)
         try:
-            if callable(thaw):  # stopped and continued like the kernel's worker: the same wake-up in its time
-                thaw()
+            _thaw_twin(self.twin)  # stopped and continued like the kernel's worker: the same wake-up in its time
             sent = time.perf_counter_ns()
             answer = self.twin.request(("batch", message), self._remaining())
             received = time.perf_counter_ns()
@@ -600,6 +605,12 @@ class Judge:
             except BufferError:
                 pass
             self.buf = None
+
+
+def _thaw_twin(twin) -> None:
+    thaw = getattr(twin, "thaw", None)
+    if callable(thaw):
+        thaw()
 
 
 def _harness_twin(channel):

@@ -142,8 +142,9 @@ def test_shaved_samples_never_lower_the_parents_total(kbench_pm, kbench_case):
     assert rec["timing"]["samples_kind"] == "parent" and acc["harness_twin"] is True
     # every batch raised to its parent time less the harness's: the samples add up to that, not to the shaved sum
     assert acc["sample_seconds"] >= acc["parent_seconds"] - acc["harness_seconds"] - 1e-9
-    assert acc["raised_batches"] == acc["batches"]
+    assert acc["raised_batches"] >= acc["batches"] / 2   # (a batch whose shaved sum still exceeds W - H keeps it)
     assert rec["stats"]["median"] >= 0.004 * 0.9, rec["stats"]["median"]
+    assert sum(rec["timing"]["samples"]) == pytest.approx(acc["sample_seconds"])
 
 
 def test_the_harness_cost_is_never_above_what_the_twin_measured():
@@ -154,10 +155,12 @@ def test_the_harness_cost_is_never_above_what_the_twin_measured():
     assert acc.harness_cost(16) == 0.002         # the largest size below it
     acc.harness = [(8, 0.004)]
     assert acc.harness_cost(2) == pytest.approx(0.001)   # only larger sizes: scaled down
-    # a batch's samples: raised to W - H when shorter, kept when longer; spread kept
+    # a batch's samples: its mean, max(worker's sum, W - H) / n, once per call (a spread shaped by the worker could
+    # put the batch's time on one call and lower the median)
     assert acc.credit(8, 0.010, [0.0005] * 8) == pytest.approx([0.00075] * 8)
-    assert acc.credit(8, 0.010, [0.001, 0.002] * 4) == [0.001, 0.002] * 4
+    assert acc.credit(8, 0.010, [0.0001] * 7 + [0.0093]) == pytest.approx([0.00125] * 8)   # its sum is above W - H
     assert acc.summary()["raised_batches"] == 1
+    assert acc.batch_means() == pytest.approx([0.00075, 0.00125])
     trusted = Accounting(parent_clock=False)
     assert trusted.credit(8, 1.0, [0.001] * 8) == [0.001] * 8
 
@@ -191,12 +194,14 @@ def test_a_finalizer_of_a_returned_array_runs_inside_a_sample(kbench_pm, kbench_
     """On 54db9a9 the previous answer of a slot was dropped after the stop mark: the finalizer did the call's
     work untimed and the record passed at a fraction of an honest kernel's time. Now it is dropped inside the next
     call's sample: the work is timed (and too early to help: the record fails, or passes at honest speed)."""
-    case, timing = kbench_case(seqlen=128), dict(min_samples=20, max_samples=40, max_time=1.0)
-    honest_rec = _judge(kbench_pm, case, FunctionBackend(honest), **timing)
-    rec = _judge(kbench_pm, case, FunctionBackend(finalizer_deferring()), **timing)
-    assert honest_rec["status"] == "passed", honest_rec["reason"]
-    assert rec["status"] == "failed" or rec["stats"]["median"] >= 0.7 * honest_rec["stats"]["median"], \
-        (rec["status"], rec.get("stats"), honest_rec["stats"]["median"])
+    case, timing = kbench_case(seqlen=128), dict(min_samples=40, max_samples=80, max_time=1.0)
+    pairs = [(_judge(kbench_pm, case, FunctionBackend(honest), **timing),
+              _judge(kbench_pm, case, FunctionBackend(finalizer_deferring()), **timing)) for _ in range(3)]
+    assert all(h["status"] == "passed" for h, _ in pairs), [h["reason"] for h, _ in pairs]
+    passed = [r["stats"]["median"] for _, r in pairs if r["status"] == "passed"]
+    # the quickest of three, side by side (the machine is shared): no faster than the same maths done honestly
+    if passed:
+        assert min(passed) >= 0.5 * min(h["stats"]["median"] for h, _ in pairs), pairs
 
 
 def _first_call_starts(thread_target):

@@ -17,7 +17,9 @@ where ``H(n)`` is the harness's own cost of a batch of ``n`` calls, measured by 
 the same setup that has never run candidate code, running the same loop with an empty call, while the
 candidate's worker is stopped: kbench.judge.judge) as its parent time less its own samples, the *smallest* such
 figure at that size in the record (so a moment of load on the twin can only make the kernel look slower). The
-worker's per-call samples are scaled up to ``credited`` (they shape the spread; they never lower the total).
+record keeps each batch's mean ``credited / n`` as the sample of each of its calls (``timing.samples_kind``
+"parent"): a per-call spread from a compromised worker could put a batch's time on one call and lower the
+median; the worker's samples only ever raise a batch's figure (when they add up to more than ``W - H(n)``).
 Nothing here fails a record: time the machine stole is noise, never a verdict (``noisy`` flags a record whose
 parent time exceeded its worker's samples by more than :data:`NOISY_SHARE`).
 """
@@ -91,20 +93,24 @@ class Accounting:
         return max(0.0, min(h for n, h in self.harness if n == size) * calls / size)
 
     def credit(self, calls: int, wall: float, samples: list[float]) -> list[float]:
-        """A timed batch's samples as the record keeps them: for a kernel judged on the parent's clock, the
-        worker's samples scaled up so that they add up to at least ``wall - H(calls)``; otherwise as reported."""
+        """A timed batch's samples as the record keeps them: for a kernel judged on the parent's clock, the batch's
+        mean, ``max(sum(samples), wall - H(calls)) / calls``, once per call (a per-call spread reported by a
+        compromised worker could put a batch's whole time on one call and lower the median; a mean it cannot
+        lower: asv's and do_bench's samples are such means); otherwise the worker's samples as reported."""
         worker = float(sum(samples))
         credited = worker
         out = list(samples)
         harness = self.harness_cost(calls) if self.parent_clock else 0.0
         if self.parent_clock:
-            floor = wall - harness
-            if floor > worker:
-                credited = floor
-                out = ([t * floor / worker for t in samples] if worker > 0
-                       else [floor / max(calls, 1)] * len(samples))
+            credited = max(worker, wall - harness)
+            out = [credited / max(len(samples), 1)] * len(samples)
         self.timed.append((calls, wall, worker, credited, harness))
         return out
+
+    def batch_means(self) -> list[float]:
+        """One figure per timed batch (credited seconds per call): the noise of a record judged on the parent's
+        clock is the spread of these, not of the repeated means."""
+        return [t[3] / max(t[0], 1) for t in self.timed]
 
     def summary(self) -> dict[str, Any]:
         walls = sum(t[1] for t in self.timed)
@@ -118,7 +124,7 @@ class Accounting:
             out["untimed_forward_seconds"] = self.forward_seconds
         if self.parent_clock:
             out.update(worker_sample_seconds=worker, raised_seconds=credited - worker,
-                       raised_batches=sum(t[3] > t[2] for t in self.timed),
+                       raised_batches=sum(t[3] > t[2] + 1e-12 for t in self.timed),
                        harness_seconds=sum(t[4] for t in self.timed),
                        twin_seconds=sum(h for _, h in self.harness), twin_batches=len(self.harness),
                        harness_twin=self.twin,

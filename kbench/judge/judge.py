@@ -380,7 +380,9 @@ class Judge:
             elapsed = clock() - begin
             stop = None
             if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
-                if rel_standard_error(samples) < settings.target_rel_se:
+                # a record judged on the parent's clock: the noise of its batches' means (its samples repeat them)
+                spread = self.accounting.batch_means() if self.accounting.parent_clock else samples
+                if len(spread) >= 2 and rel_standard_error(spread) < settings.target_rel_se:
                     stop = "noise_target"
             if stop is None and elapsed >= settings.max_time and len(samples) >= settings.min_samples:
                 stop = "time_limit"

@@ -85,7 +85,7 @@ class WorkerSetup:
 class BackendSpec:
     """How a worker rebuilds a backend: by registry name, from a kernel file's text, or by pickle."""
 
-    kind: str                      # registry | file | pickle
+    kind: str                      # registry | file | pickle | harness (a harness twin: no backend's code at all)
     name: str
     trusted: bool = True
     path: str | None = None        # file: the kernel file as the user named it

@@ -21,8 +21,10 @@ from kbench.stats import rel_standard_error
 #: (``environment.measuring_method``); a history keeps the runs of each method apart (kbench.history), so an
 #: upgrade of kbench is never reported as a regression of the kernels. 1: each call timed in the backend's own
 #: process (to 2026-11-30); 2: the parent judges: inputs drawn from a per-run secret, batches of calls timed on
-#: the parent's clock and checked against the worker's samples (result files with ``input_secrets``).
-MEASURING_METHOD = 2
+#: the parent's clock and checked against the worker's samples (result files with ``input_secrets``); 3: an
+#: untrusted kernel's samples derived from the parent's clock less a harness twin's cost (``timing.samples_kind``
+#: "parent"), its worker stopped between batches.
+MEASURING_METHOD = 3
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The clock a kernel cannot bend (issue 33, items 1 and 2): timers checked before every read against the ones
-captured at the worker's start, untrusted batches sized by the parent's clock, one allowance floor per record,
-and an empty loop whose cost no candidate code can raise."""
+"""The clock a kernel cannot bend: timers checked before every read against the ones captured at the worker's
+start, untrusted batches sized by the parent's clock, an untrusted kernel's time taken from the parent's clock
+less the harness's own cost measured by a twin that never ran candidate code, and every candidate object let go
+only inside a sample."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from kbench.builtin.numpy_backends import attention_numpy
-from kbench.judge.accounting import ACCOUNTING_FLOOR, JITTER_FRACTION, LOAD_FACTOR, Accounting
+from kbench.judge.accounting import Accounting
 from kbench.ops.attention import softmax_scale
 from kbench.testing import TEST_CHECK, TEST_TIMING, FunctionBackend
 from test_timed_loop import ShrinkingChannel
@@ -121,43 +122,86 @@ def slow_when_checked(seconds=0.03):
 
 
 def test_slow_correctness_calls_do_not_buy_one_call_batches(kbench_pm, kbench_case):
-    """On 6cf3c74 the batch size came from the worker's correctness samples (30 ms: one call a batch) and each
-    batch allowed 2 x E(1) + 2 ms, so 2 ms shaved off every 4 ms call passed. The parent's own clock of each
-    timed batch sizes the next (about 5 calls: 10 ms shaved a batch against the loop's own cost); the floor is
-    once per record."""
+    """On 6cf3c74 the batch size came from the worker's correctness samples (30 ms: one call a batch). The
+    parent's own clock of each timed batch sizes the next (about 5 calls)."""
+    timing = dict(min_samples=40, max_samples=60, max_time=2.0)
+    honest_rec = _judge(kbench_pm, kbench_case(seqlen=16), FunctionBackend(slow_when_checked()), **timing)
+    assert honest_rec["status"] == "passed", honest_rec["reason"]
+    assert honest_rec["timing"]["accounting"]["calls_per_batch"] >= 2
+
+
+def test_shaved_samples_never_lower_the_parents_total(kbench_pm, kbench_case):
+    """A worker whose timed samples come back 2 ms short (at most 70%) of 4 ms calls: the record keeps the
+    parent's time less the twin's harness cost, batch by batch; the shaved samples only shape the spread. No
+    accusation: the forger passes, at its real speed."""
     timing = dict(min_samples=40, max_samples=60, max_time=2.0)
     case = kbench_case(seqlen=16)
-    for _ in range(3):  # an honest record passes (a burst of load beyond the allowance may fail one: docs)
-        honest_rec = _judge(kbench_pm, case, FunctionBackend(slow_when_checked()), **timing)
-        if honest_rec["status"] == "passed":
-            break
-    assert honest_rec["status"] == "passed", honest_rec["reason"]
-    # sized by the parent's clock of its timed batches, not by its 30 ms correctness calls (6cf3c74: 1)
-    assert honest_rec["timing"]["accounting"]["calls_per_batch"] >= 2
-    # the forger: its shaved samples do not add up (under a heavy load E(n) grows, and so does what it may hide:
-    # one of three records is enough to show the forger cannot count on passing)
-    reasons = [_judge(kbench_pm, case, FunctionBackend(slow_when_checked()), channel=ForgingChannel, **timing)["reason"]
-               for _ in range(3)]
-    assert any("samples do not add up" in str(r) for r in reasons), reasons
+    rec = _judge(kbench_pm, case, FunctionBackend(slow_when_checked()), channel=ForgingChannel, **timing)
+    assert rec["status"] == "passed", rec["reason"]
+    acc = rec["timing"]["accounting"]
+    assert rec["timing"]["samples_kind"] == "parent" and acc["harness_twin"] is True
+    # every batch raised to its parent time less the harness's: the samples add up to that, not to the shaved sum
+    assert acc["sample_seconds"] >= acc["parent_seconds"] - acc["harness_seconds"] - 1e-9
+    assert acc["raised_batches"] >= acc["batches"] / 2   # (a batch whose shaved sum still exceeds W - H keeps it)
+    assert rec["stats"]["median"] >= 0.004 * 0.9, rec["stats"]["median"]
+    assert sum(rec["timing"]["samples"]) == pytest.approx(acc["sample_seconds"])
 
 
-def test_the_floor_is_allowed_once_per_record_not_per_batch():
-    acc = Accounting(enforce=True)
-    acc.empty = [(1, 0.0005), (1, 0.0004)]
-    # 20 one-call batches, each 2 ms unexplained: under 2 x E(1) + 2 ms per batch (old), over the new total
-    acc.timed = [(1, 0.007, 0.005)] * 20
-    gap, allowed = acc.unexplained()
-    assert gap == pytest.approx(0.04)
-    assert allowed == pytest.approx(20 * LOAD_FACTOR * 0.0005 + ACCOUNTING_FLOOR + JITTER_FRACTION * 20 * 0.007)
-    assert not acc.accounted()
+def test_the_harness_cost_is_never_above_what_the_twin_measured():
+    acc = Accounting(parent_clock=True)
+    acc.harness = [(1, 0.001), (8, 0.003), (8, 0.002)]
+    assert acc.harness_cost(8) == 0.002          # the smallest measurement at that size
+    assert acc.harness_cost(5) == 0.001          # the largest size below it, unscaled
+    assert acc.harness_cost(16) == 0.002         # the largest size below it
+    acc.harness = [(8, 0.004)]
+    assert acc.harness_cost(2) == pytest.approx(0.001)   # only larger sizes: scaled down
+    # a batch's samples: its mean, max(worker's sum, W - H) / n, once per call (a spread shaped by the worker could
+    # put the batch's time on one call and lower the median)
+    assert acc.credit(8, 0.010, [0.0005] * 8) == pytest.approx([0.00075] * 8)
+    assert acc.credit(8, 0.010, [0.0001] * 7 + [0.0093]) == pytest.approx([0.00125] * 8)   # its sum is above W - H
+    assert acc.summary()["raised_batches"] == 1
+    assert acc.batch_means() == pytest.approx([0.00075, 0.00125])
+    trusted = Accounting(parent_clock=False)
+    assert trusted.credit(8, 1.0, [0.001] * 8) == [0.001] * 8
 
 
-def test_the_loop_cost_of_a_size_never_measured_is_never_short():
-    acc = Accounting(enforce=True)
-    acc.empty = [(1, 0.001), (8, 0.002), (8, 0.003)]
-    assert acc.loop_cost(8) == 0.003          # the most expensive measurement at that size
-    assert acc.loop_cost(5) == 0.003          # the next size up
-    assert acc.loop_cost(16) == pytest.approx(0.006)   # the largest size, scaled
+def finalizer_deferring():
+    """Returns a fresh unfilled array each call; the finalizer of the slot's previous answer computes the current
+    call's heads into it (tests/redteam/finalizer_shift.py as a callable)."""
+    import weakref
+
+    import numpy as np
+
+    pending = {}
+
+    def fill(key):
+        item = pending.get(key)
+        if item is not None:
+            honest(*item)
+
+    def kernel(q, k, v, out, case):
+        res = np.empty_like(out)
+        first = id(q) not in pending
+        pending[id(q)] = (q, k, v, res, case)
+        if first:
+            honest(q, k, v, res, case)
+        weakref.finalize(res, fill, id(q))
+        return res
+    return kernel
+
+
+def test_a_finalizer_of_a_returned_array_runs_inside_a_sample(kbench_pm, kbench_case):
+    """On 54db9a9 the previous answer of a slot was dropped after the stop mark: the finalizer did the call's
+    work untimed and the record passed at a fraction of an honest kernel's time. Now it is dropped inside the next
+    call's sample: the work is timed (and too early to help: the record fails, or passes at honest speed)."""
+    case, timing = kbench_case(seqlen=128), dict(min_samples=40, max_samples=80, max_time=1.0)
+    pairs = [(_judge(kbench_pm, case, FunctionBackend(honest), **timing),
+              _judge(kbench_pm, case, FunctionBackend(finalizer_deferring()), **timing)) for _ in range(3)]
+    assert all(h["status"] == "passed" for h, _ in pairs), [h["reason"] for h, _ in pairs]
+    passed = [r["stats"]["median"] for _, r in pairs if r["status"] == "passed"]
+    # the quickest of three, side by side (the machine is shared): no faster than the same maths done honestly
+    if passed:
+        assert min(passed) >= 0.5 * min(h["stats"]["median"] for h, _ in pairs), pairs
 
 
 def _first_call_starts(thread_target):
@@ -264,3 +308,27 @@ def test_a_kernel_wrong_on_a_few_timed_calls_fails_its_records(kbench_pm, kbench
     wrong_enough = [o for o in outcomes if o[0] >= 0.05]
     assert len(wrong_enough) >= 12, outcomes
     assert all(status == "failed" and "on a timed call" in reason for _, status, reason in wrong_enough), outcomes
+
+
+def test_one_bad_tile_in_six_timed_calls_fails_nearly_every_record(kbench_pm, kbench_case):
+    """Wrong on one (row, head) of every sixth timed call: on 54db9a9 (4 rows a call, one call 32) 1 record in 8
+    failed. As many calls a batch as fit in twice its parent time are verified whole, the others on 4 rows:
+    docs/integrity.md gives the arithmetic (>= 95% of records: at most one of these 12 may pass)."""
+    import numpy as np
+
+    outcomes = []
+    for seed in range(12):
+        rng, tally = np.random.default_rng(seed), {"timed": 0}
+
+        def kernel(q, k, v, out, case, rng=rng, tally=tally):
+            honest(q, k, v, out, case)
+            if KindChannel.kind == "timed":
+                tally["timed"] += 1
+                if tally["timed"] % 6 == 0:
+                    out[0, int(rng.integers(out.shape[1])), int(rng.integers(out.shape[2])), :] = 0.0
+        rec = _judge(kbench_pm, kbench_case(seqlen=128), FunctionBackend(kernel), channel=KindChannel,
+                     min_samples=36, max_samples=48)
+        outcomes.append((rec["status"], rec["reason"]))
+    failed = [reason for status, reason in outcomes if status == "failed"]
+    assert all("on a timed call" in reason for reason in failed), failed
+    assert len(failed) >= 11, outcomes

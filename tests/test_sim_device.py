@@ -185,7 +185,9 @@ ARENA = ON_SIM + HONEST.replace("def attention(q, k, v, out, *, causal, scale):\
 
 #: kernel -> (source, static checks, status, reason pattern)
 ATTACKS = {
-    "clock_patch": (CLOCK_PATCH, "none", "failed", r"samples do not add up|harness tampering"),
+    # the parent's clock decides an untrusted kernel's time (less the harness twin's cost): passed at its real
+    # time (checked below against the honest kernel), or named as tampering
+    "clock_patch": (CLOCK_PATCH, "none", ("failed", "passed"), r"harness tampering|^$"),
     "clock_patch_static": (CLOCK_PATCH, "untrusted", "failed", r"static check.*sim_device_plugin.elapsed_ms"),
     "timer_through_parameter": (TIMER_THROUGH_PARAMETER, "untrusted", "failed", r"static check.*setattr"),
     "timer_through_parameter_dynamic": (TIMER_THROUGH_PARAMETER, "none", "failed",
@@ -221,6 +223,11 @@ def test_attacks_are_caught_on_a_device_clock(tmp_path, static):
         expected.update(REDTEAM)
     for name, (status, reason) in expected.items():
         rec = records["sim-odd\\ud800" if name == "text" else f"file:{name}"]
-        assert rec["status"] == status, (name, rec["status"], rec.get("reason"))
+        assert rec["status"] in ((status,) if isinstance(status, str) else status), (name, rec["status"],
+                                                                                    rec.get("reason"))
         if reason:
             assert re.search(reason, rec["reason"] or ""), (name, rec["reason"])
+    shorted = records.get("file:clock_patch")
+    if shorted is not None and shorted["status"] == "passed":  # 20x short on the device clock: not credited
+        assert shorted["timing"]["samples_kind"] == "parent"
+        assert shorted["timing"]["accounting"]["raised_batches"] == shorted["timing"]["accounting"]["batches"]

@@ -213,3 +213,47 @@ def test_more_untrusted_backends_than_workers_run_backend_by_backend(tmp_path, m
         at = [i for i, b in enumerate(order) if b == name]
         assert at == list(range(at[0], at[0] + 2))
         assert len({recs[i]["worker"]["pid"] for i in at}) == 1  # one worker for all its cases: no eviction
+
+
+SEES = '''
+import hashlib, json, os, sys
+
+def attention(q, k, v, out, *, causal, scale):
+    home = os.environ.get("HOME", "")
+    env = sorted((key, value.replace(home, "<scratch>")) for key, value in os.environ.items())
+    fds = []
+    for n in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            target = os.readlink("/proc/self/fd/" + n)
+        except OSError:
+            target = "?"
+        fds.append([int(n), target.split(":")[0].split("[")[0]])
+    seen = {"argv": sys.argv, "fds": fds, "cwd": os.getcwd().replace(home, "<scratch>"),
+            "env": hashlib.sha256(json.dumps(env).encode()).hexdigest()[:16], "env_keys": [k for k, _ in env]}
+    raise RuntimeError("SEEN " + json.dumps(seen))
+'''
+
+
+def test_held_out_and_scoring_workers_look_the_same_from_inside(tmp_path):
+    """What a kernel can see of its worker (argv, environment, open descriptors and their numbers, working
+    directory) is the same in a scoring run and in a correctness-only (held-out, fuzz) check made while the parent
+    holds other descriptors: before, the channel's number in argv was the parent's (4 in one, 6 or 7 in the other)."""
+    import json
+    import re
+
+    from kbench.fuzz.checker import Checker
+    from kbench.kernelfile import KernelFileRef
+
+    probe = kernel(tmp_path, "sees", SEES)
+    scoring = run(tmp_path, files=[probe])[0]
+    pm = PluginManager()
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(5)]   # the parent's state differs
+    try:
+        with Checker(pm, "attention") as checker:
+            checked = checker.check(KernelFileRef(probe, pm.registry), make_case(pm, "attention", seqlen=16))
+    finally:
+        for fd in held:
+            os.close(fd)
+    seen = [json.loads(re.search(r"SEEN (\{.*\})", rec["reason"]).group(1)) for rec in (scoring, checked)]
+    assert seen[0]["argv"][-1] == "0"
+    assert seen[0] == seen[1], seen

@@ -29,7 +29,7 @@ import numpy as np
 
 from kbench.enums import Status
 import kbench.judge.replies as replies
-from kbench.judge.accounting import AUDIT_PAIRS, EMPTY_EVERY, Accounting, check_clock
+from kbench.judge.accounting import TWIN_EVERY, TWIN_FIRST, Accounting, check_clock
 from kbench.judge.context import new_record
 from kbench.judge.inputs import InputSource
 from kbench.judge.replies import KernelError, expect
@@ -50,6 +50,12 @@ RESIZE_RATIO = 1.5
 COLLECT_BYTES = 256 * 2**20
 #: rows of each other timed call of an untrusted kernel's batch verified (picked after the reply)
 CALL_ROWS = 4
+#: the parent verifies whole (every row) as many of an untrusted kernel's timed calls per batch as fit in this
+#: share of the batch's parent time (one at least; the worker is stopped meanwhile): every call, when the
+#: reference is cheap beside the kernel. The rate it buys is in docs/integrity.md ("Checks that see every call")
+VERIFY_SHARE = 2.0
+#: max_rows that means "every row" (the op still bounds a huge case's reference: kbench.ops.attention)
+WHOLE = 1 << 30
 #: rows of a timed output verified (picked after the reply; the correctness trials use check.max_rows)
 TIMED_ROWS = 32
 #: sampling goes on past ``max_time`` to reach ``min_samples``, up to this many times ``max_time`` (and never
@@ -76,7 +82,14 @@ class Judge:
         self.rng = np.random.default_rng(secrets.randbits(128))   # rows and verified calls: after the fact
         self.buf: mmap.mmap | None = None
         self.layout: Layout | None = None
-        self.accounting = Accounting(enforce=not trusted)
+        self.accounting = Accounting(parent_clock=not trusted)
+        # an untrusted kernel's harness twin (kbench.judge.accounting): a channel to a worker of the same setup
+        # that never ran candidate code, its own arena, its own keys
+        self.twin = None   # made in run() for an untrusted kernel's timed record
+        self.twin_buf: mmap.mmap | None = None
+        self.twin_counter = 0
+        self.whole_cost: float | None = None      # the parent's seconds to verify one timed call whole
+        self.frozen = False
         self.host_clock = bool(getattr(ctx.device, "host_clock", True))
         self.split = bool(ctx.op.backward_inputs(case))
         self.outputs = len(ctx.op.output_shapes(case))
@@ -99,10 +112,28 @@ class Judge:
     def _remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
+    def _thaw(self) -> None:
+        """An untrusted kernel's worker runs only while a request of the judge is out (SIGCONT now)."""
+        if self.frozen:
+            self.frozen = False
+            self.channel.thaw()
+
+    def _freeze(self) -> None:
+        """Stop an untrusted kernel's worker (its whole sandbox) from the reply until the next request: no thread
+        of it, native or not, works between batches, while its outputs are verified or while the twin measures."""
+        freeze = getattr(self.channel, "freeze", None)
+        if not self.trusted and callable(freeze):
+            self.frozen = bool(freeze())
+
     def _request(self, message: tuple, kind: str) -> tuple[dict[str, Any], int, int]:
+        self._thaw()
         sent = time.perf_counter_ns()
-        answer = self.channel.request(message, self._remaining())
-        received = time.perf_counter_ns()
+        try:
+            answer = self.channel.request(message, self._remaining())
+        finally:
+            received = time.perf_counter_ns()
+            if message[0] != "end":
+                self._freeze()
         payload = expect(answer, kind)
         why = replies.fault(payload)
         if why:
@@ -127,14 +158,25 @@ class Judge:
         # an untrusted kernel's every call is scanned where it lives (shadows, NaN/Inf); a trusted library's
         # timed and warm-up calls are not (do_bench-style), the calls the judge collects are scanned here
         scan = not self.trusted or kind in ("check", "empty")
-        payload, sent, received = self._request(("batch", {"kind": kind, "calls": calls, "scan": scan}), "batch")
+        message = {"kind": kind, "calls": calls, "scan": scan}
+        if not self.trusted and kind == "timed":  # outputs into the arena inside the window: verified frozen
+            message.update(self._timed_message(len(calls)))
+        payload, sent, received = self._request(("batch", message), "batch")
         n = len(calls)
         got = replies.samples(payload, n, kind)
         check_clock(kind, got, replies.window(payload, kind), replies.stamps(payload, n, kind), sent, received,
                     self.host_clock)
-        counts = replies.nonfinite(payload, n, self.outputs, kind) if scan else [[] for _ in range(n)]
+        counts = (replies.nonfinite(payload, n, self.outputs, kind) if message["scan"]
+                  else [[] for _ in range(n)])
         self.threads = replies.threads(payload)
         return got, (received - sent) * 1e-9, counts
+
+    def _timed_message(self, n: int) -> dict[str, Any]:
+        """How an untrusted kernel's timed batch of ``n`` calls (and its twin's) is run: every output copied into
+        the arena inside the window; where all of them fit, no shadows or NaN/Inf counts in the worker (the parent
+        scans every element of what it copied, and a write after the copy changes nothing that is verified)."""
+        copy = min(n, self.layout.slots)
+        return {"copy": copy, "scan": copy < n}
 
     def _collect(self, slots: list[int], inputs: bool = True) -> list[dict[str, np.ndarray]]:
         """Outputs of the named slots' last calls, copied by the worker into the arena, copied again here;
@@ -152,6 +194,7 @@ class Judge:
         ctx, case, op = self.ctx, self.case, self.ctx.op
         out_dtype = op.output_dtype(case)
         # an untrusted kernel's every timed call is collected after its batch: room for a whole batch's outputs
+        begun = time.perf_counter()
         per_call = Layout.plan(op.output_shapes(case), out_dtype.numpy, 1).nbytes
         self.collect_cap = max(1, min(self._pool_cap(), COLLECT_BYTES // max(per_call, 1)))
         slots = max(ctx.check.seeds, 1) if self.trusted else max(ctx.check.seeds, 1, self.collect_cap)
@@ -173,7 +216,14 @@ class Judge:
         why = replies.fault(prepared)
         if why:
             raise CheckFailed(why)
+        self._phase("prepare", begun)
         integrity = rec.setdefault("integrity", {"checks": []})
+        if not self.trusted and not ctx.correctness_only:
+            since = time.perf_counter()
+            self.twin = _harness_twin(self.channel)
+            if self.twin is not None:
+                self._start_twin(job)
+            self._phase("harness twin start", since)
         started = time.perf_counter()
         rec["correctness"] = self.correctness()
         if ctx.correctness_only:  # kbench fuzz, held-out shapes (issue 36): the verdict is the correctness trials'
@@ -181,7 +231,8 @@ class Judge:
             self.ended = True
             return {"status": Status.PASSED.value}
         timing = self.timing(rec["correctness"]["call_seconds"])
-        rec["timing"] = {**timing.to_json(), "accounting": self.accounting.summary()}
+        rec["timing"] = {**timing.to_json(), "samples_kind": "parent" if self.accounting.parent_clock else "worker",
+                         "accounting": self.accounting.summary()}
         if timing.below_min_samples:
             rec["timing"]["below_min_samples"] = True
         stats = summarize(timing.samples)
@@ -221,7 +272,9 @@ class Judge:
                "parent_clock", "poisoned_output", "inputs_unchanged", "no_aliasing", "late_writes",
                "inputs_just_in_time"]
         if not self.trusted:
-            ran.append("samples_explain_parent_time")
+            ran += ["parent_clock_decides", "harness_twin"] if self.accounting.twin else ["parent_clock_decides"]
+            if self.frozen or getattr(self.channel, "freeze", None) is not None:
+                ran.append("stopped_between_batches")
         if settings.verify_timed_outputs:
             ran.append("timed_outputs")
         if settings.check_threads:
@@ -291,8 +344,6 @@ class Judge:
         new = self._calls_per_batch(wall / calls)
         if per_batch / RESIZE_RATIO <= new <= per_batch * RESIZE_RATIO:
             return per_batch
-        if self.accounting.enforce and not any(n == new for n, _ in self.accounting.empty):
-            self._empty(new)
         return new
 
     def timing(self, check_seconds: list[float]) -> Timing:
@@ -317,10 +368,6 @@ class Judge:
             warm, covered = warm + n, max(covered, n)
         warm_time = clock() - begin
         self._phase("warmup", begin)
-        if self.accounting.enforce:
-            since = clock()
-            self._empty(per_batch)
-            self._phase("empty loop", since)
         samples: list[float] = []
         reason, below = "max_samples", False
         begin = clock()
@@ -333,7 +380,9 @@ class Judge:
             elapsed = clock() - begin
             stop = None
             if len(samples) >= settings.min_samples and sum(samples) >= settings.min_time:
-                if rel_standard_error(samples) < settings.target_rel_se:
+                # a record judged on the parent's clock: the noise of its batches' means (its samples repeat them)
+                spread = self.accounting.batch_means() if self.accounting.parent_clock else samples
+                if len(spread) >= 2 and rel_standard_error(spread) < settings.target_rel_se:
                     stop = "noise_target"
             if stop is None and elapsed >= settings.max_time and len(samples) >= settings.min_samples:
                 stop = "time_limit"
@@ -346,30 +395,13 @@ class Judge:
             # library's last batch (integrity.verify_timed_outputs: false leaves the NaN/Inf counts)
             if self.ctx.integrity.verify_timed_outputs and (not self.trusted or stop is not None):
                 since = clock()
-                self._verify_timed(calls)
+                self._verify_timed(calls, wall)
                 self._phase("verification", since)
             if stop is not None:
                 reason = stop
                 break
             per_batch = self._resize(per_batch, n, wall)
-            # after the verification: an empty batch runs on the same slots and re-poisons their outputs
-            if self.accounting.enforce and len(self.accounting.timed) % EMPTY_EVERY == 0:
-                since = clock()
-                self._empty(per_batch)  # the loop's cost again, under the load of this moment
-                self._phase("empty loop", since)
         sampling_time = clock() - begin
-        if self.accounting.enforce:
-            since = clock()
-            self._empty(per_batch)
-            while not self.accounting.accounted() and self.accounting.audits < AUDIT_PAIRS:
-                # a burst of load can hit a timed batch: measure a few more pairs (verified, not reported)
-                self._empty(per_batch)
-                _, _, _, calls = self._timed(per_batch)
-                if self.ctx.integrity.verify_timed_outputs:
-                    self._verify_timed(calls)
-                self.accounting.audits += 1
-            self._phase("empty loop", since)
-            self.accounting.verdict()
         return Timing(samples, reason, warm, warm_time, sampling_time, below)
 
     def _near_deadline(self, batch_seconds: float) -> bool:
@@ -388,7 +420,14 @@ class Judge:
     def _timed(self, n: int) -> tuple[list[float], float, list[list[int]], list]:
         calls = self._slots("timed", n)
         got, wall, counts = self._batch("timed", calls)
-        self.accounting.timed.append((n, wall, sum(got)))
+        if self.twin is not None:
+            measured = sum(1 for m, _ in self.accounting.harness if m == n)
+            at_size = sum(1 for t in self.accounting.timed if t[0] == n)
+            if measured < TWIN_FIRST or at_size % TWIN_EVERY == 0:
+                since = time.perf_counter()
+                self._twin_batch(n)   # right after, while the candidate's worker is stopped
+                self._phase("harness twin", since)
+        got = self.accounting.credit(n, wall, got)
         for i, row in enumerate(counts):  # NaN/Inf over every element of every timed output, where it lives
             if any(row):
                 raise CheckFailed(f"timed output wrong although the checked calls were right (lazy, stale or "
@@ -396,16 +435,67 @@ class Judge:
                                   f"call {self.counter['timed'] - n + i + 1}")
         return got, wall, counts, calls
 
-    def _empty(self, n: int) -> None:
-        calls = self._slots("empty", n)
-        _, wall, _ = self._batch("empty", calls)
-        self.accounting.empty.append((n, wall))
+    # -- the harness twin ----------------------------------------------------------------------
 
-    def _verify_timed(self, calls: list) -> None:
+    def _start_twin(self, job: dict[str, Any]) -> None:
+        """The twin's job: the same case, layout and strictness as the kernel's, no backend code. A twin that
+        cannot start leaves H = 0 (the kernel's time is then the parent's whole batch time: never short)."""
+        fd = arena_file(self.layout.nbytes)
+        try:
+            self.twin_buf = mmap.mmap(fd, self.layout.nbytes)
+            _thaw_twin(self.twin)
+            reply = expect(self.twin.start({**job, "required_features": ()}, fd, self._remaining()), "prepared")
+        except Exception:  # noqa: BLE001 - no twin: the conservative figure, never a failed record
+            self._drop_twin()
+            return
+        finally:
+            os.close(fd)
+        if reply.get("skip") or replies.fault(reply):
+            self._drop_twin()
+            return
+        self.accounting.twin = True
+
+    def _drop_twin(self) -> None:
+        twin, self.twin = self.twin, None
+        if twin is not None:
+            try:
+                _thaw_twin(twin)  # stopped after its last batch: it must run to hear the end
+                twin.request(("end",), 5.0)
+            except Exception:  # noqa: BLE001 - a twin's end is best effort
+                pass
+
+    def _twin_batch(self, n: int) -> None:
+        """The harness's cost of a timed batch of ``n`` calls: the same loop with an empty call in the twin (new
+        keys every call, outputs poisoned, shadowed, scanned and copied into its arena), the parent's time of it
+        less the twin's own samples."""
+        calls = [[slot, self.source.key("twin", self.twin_counter + slot)] for slot in range(n)]
+        self.twin_counter += n
+        message = {"kind": "empty", "calls": calls, **self._timed_message(n)}
+        freeze = getattr(self.twin, "freeze", None)
+        try:
+            _thaw_twin(self.twin)  # stopped and continued like the kernel's worker: the same wake-up in its time
+            sent = time.perf_counter_ns()
+            answer = self.twin.request(("batch", message), self._remaining())
+            received = time.perf_counter_ns()
+            if callable(freeze):
+                freeze()
+            payload = expect(answer, "batch")
+            if replies.fault(payload):
+                raise CheckFailed(replies.fault(payload))
+            got = replies.samples(payload, n, "empty")
+        except Exception:  # noqa: BLE001 - the twin is the harness's own: it failing is never the kernel's record
+            self._drop_twin()
+            return
+        self.accounting.harness.append((n, max(0.0, (received - sent) * 1e-9 - sum(got))))
+
+    def _verify_timed(self, calls: list, wall: float = 0.0) -> None:
         """A timed batch's outputs, judged after its reply: a trusted library's one call, picked now, on rows
         picked now; an untrusted kernel's every call, each on CALL_ROWS rows picked now, and one of them, picked
         now, on TIMED_ROWS rows with its inputs checked unchanged. So a kernel wrong on a few percent of its timed
         calls fails every record that holds one such call (docs/integrity.md, "Every timed call is checked")."""
+        if not self.trusted:
+            self._verify_untrusted(calls, wall)
+            return
         full = int(self.rng.integers(len(calls)))
         slot, key = calls[full]
         # a trusted library's inputs were checked unchanged on the correctness calls; an untrusted kernel's are
@@ -424,6 +514,38 @@ class Judge:
             outputs = self._collect([s for s, _ in rest], inputs=False)
             for (_, key), got in zip(rest, outputs):
                 self._judge_timed(key, got, min(self.ctx.check.max_rows, CALL_ROWS))
+
+    def _verify_untrusted(self, calls: list, wall: float) -> None:
+        """An untrusted kernel's timed batch, verified while its worker is stopped, from the arena its outputs were
+        copied into inside the batch's window: as many calls whole as fit in VERIFY_SHARE of the batch's parent
+        time (one at least, picked now), the others on CALL_ROWS rows picked now; NaN/Inf over every element of
+        each. Then the arena is read again: changed while the worker was stopped, it was written from outside the
+        stopped processes. Last (the worker running again), the inputs of one call verified whole are compared with
+        a regeneration."""
+        copied = min(len(calls), self.layout.slots)
+        order = [int(i) for i in self.rng.permutation(copied)]
+        outputs = {}
+        for j in order:
+            outputs[j] = {name: np.array(view, copy=True) for name, view in self.layout.output_views(self.buf, j).items()}
+        whole = 1
+        for rank, j in enumerate(order):
+            rows = WHOLE if rank < whole else min(self.ctx.check.max_rows, CALL_ROWS)
+            since = time.perf_counter()
+            self._judge_timed(calls[j][1], outputs[j], rows)
+            if rank == 0:  # the first call (picked at random) verified whole sets how many more are
+                cost = max(time.perf_counter() - since, 1e-6)
+                self.whole_cost = cost if self.whole_cost is None else min(self.whole_cost, cost)
+                whole = int(max(1, min(copied, VERIFY_SHARE * wall / self.whole_cost)))
+        if self.frozen:
+            for j in order:
+                for name, view in self.layout.output_views(self.buf, j).items():
+                    if not np.array_equal(view, outputs[j][name], equal_nan=True):
+                        raise CheckFailed(f"outputs forged: timed call {j + 1}'s output {name!r} changed in the "
+                                          f"arena while the worker was stopped (a process outside the stopped "
+                                          f"sandbox wrote it)")
+        # outputs too large for the arena to hold a whole batch's (huge cases on a large GPU pool): the calls past
+        # it are counted for NaN/Inf where they live (the batch's scan), not verified on rows
+        self._request(("collect", {"slots": [calls[order[0]][0]], "inputs": True, "outputs": False}), "collected")
 
     def _judge_timed(self, key, got: dict[str, np.ndarray], rows: int) -> None:
         try:
@@ -470,12 +592,38 @@ class Judge:
         return {**facts, "method": "sustained loop", "parent_seconds": wall}
 
     def close(self) -> None:
+        self._thaw()
+        if self.twin is not None:
+            self._drop_twin()
+        if self.twin_buf is not None:
+            try:
+                self.twin_buf.close()
+            except BufferError:
+                pass
+            self.twin_buf = None
         if self.buf is not None:
             try:
                 self.buf.close()
             except BufferError:
                 pass
             self.buf = None
+
+
+def _thaw_twin(twin) -> None:
+    thaw = getattr(twin, "thaw", None)
+    if callable(thaw):
+        thaw()
+
+
+def _harness_twin(channel):
+    """The channel's harness twin (kbench.judge.accounting), or None where it has none."""
+    make = getattr(channel, "harness_twin", None)
+    if not callable(make):
+        return None
+    try:
+        return make()
+    except Exception:  # noqa: BLE001 - no twin: H = 0, the conservative figure
+        return None
 
 
 def forbidden_ops(ctx) -> tuple[str, ...]:
@@ -545,6 +693,7 @@ def judge(ctx, channel, backend_name: str, case, *, timeout: float | None = None
 
 def _end(channel, j: Judge) -> None:
     """Release the worker's kernel and buffers after a failure (a worker that is gone needs nothing)."""
+    j._thaw()  # a worker stopped after its last reply hears the end (or is killed) running
     if j.ended:
         return
     try:

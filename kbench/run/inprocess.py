@@ -31,6 +31,13 @@ class LocalChannel:
     def request(self, message: tuple, timeout: float | None) -> Any:
         return self._handle(message)
 
+    def harness_twin(self) -> LocalChannel:
+        """A runner in this process with no backend code (kbench.worker.calls.HarnessOnly): the harness's own
+        cost of a batch, for the judge's parent clock (tests judge untrusted callables through this channel)."""
+        from kbench.worker.calls import CallRunner, HarnessOnly
+
+        return LocalChannel(CallRunner(self.runner.device, self.runner.op), HarnessOnly())
+
     def _handle(self, message: tuple, *backend) -> Any:
         """The runner's reply; a kernel's ``sys.exit`` is an ``error`` reply, as in a worker, never the caller's
         exit. (The timeout is not enforced here: a trusted callable runs in a forked child the pool kills,

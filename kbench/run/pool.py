@@ -157,6 +157,7 @@ class Worker:
         self.ns_pid: int | None = None
         self.timeout = 0.0  # the case timeout of the current job (for its record)
         self.exit_sent = False
+        self.stopped: list[int] = []   # processes stopped by freeze(), continued by thaw()
 
     @property
     def alive(self) -> bool:
@@ -178,7 +179,10 @@ class Worker:
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(os.environ, scratch=self.scratch if setup.sandbox else None)
         env.update(dict(setup.device_env))
-        argv = [sys.executable, "-m", "kbench.worker", str(child_sock.fileno())]
+        # the channel arrives as the worker's standard input, so its number is the same in every worker whatever
+        # this process has open (held-out and fuzz checks, scoring runs): nothing a kernel sees tells them apart;
+        # the worker moves it to a number of its own and points 0 at /dev/null (kbench.worker.main)
+        argv = [sys.executable, "-m", "kbench.worker", "0"]
         popen: type[subprocess.Popen] = subprocess.Popen
         if setup.bwrap:
             from kbench.run.sandbox import BwrapProcess, bwrap_command, probe
@@ -194,7 +198,7 @@ class Worker:
             popen = BwrapProcess
         try:
             self.proc = popen(
-                argv, pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, stdin=child_sock.fileno(), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, cwd=self.scratch if setup.sandbox else None, env=env,
                 start_new_session=True)  # own process group: no terminal Ctrl-C, killed as a group
         finally:
@@ -281,10 +285,52 @@ class Worker:
             rec["stderr_tail"] = text
         return rec
 
+    def processes(self) -> list[int]:
+        """The worker's process and every process under it (a sandbox: bwrap, its namespace's init, the worker
+        and whatever they started), from /proc/PID/task/TID/children."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                        todo += [int(c) for c in fh.read().split()]
+                except (OSError, ValueError):
+                    pass
+        return found
+
+    def freeze(self) -> bool:
+        """SIGSTOP every process of the worker (its sandbox's whole tree; its threads, native ones included,
+        stop with their process). True when it was stopped."""
+        self.stopped = self.processes()
+        for pid in self.stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        return bool(self.stopped)
+
+    def thaw(self) -> None:
+        """SIGCONT what :meth:`freeze` stopped (a stopped process cannot have started another)."""
+        for pid in reversed(getattr(self, "stopped", [])):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        self.stopped = []
+
     def kill(self) -> None:
         """SIGKILL the worker's process group. Under bwrap that is bwrap itself: its PID namespace's init
         dies with it (--die-with-parent) and the kernel kills every process left in the namespace."""
         if self.proc is not None and self.proc.poll() is None:
+            self.thaw()
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -306,6 +352,7 @@ class Worker:
 
     def close(self) -> None:
         """Ask the worker to exit, kill it if it does not, remove its scratch directory."""
+        self.thaw()
         if self.conn is not None:
             self.ask_to_exit()
             if self.proc is not None:
@@ -326,8 +373,24 @@ class Worker:
 class WorkerChannel:
     """The judge's channel to a worker (:mod:`kbench.judge`): job, batches, end; replies decoded from JSON."""
 
-    def __init__(self, worker: Worker, spec: BackendSpec, case: Case, cpu_seconds: float | None) -> None:
+    def __init__(self, worker: Worker, spec: BackendSpec, case: Case, cpu_seconds: float | None,
+                 twin: Any = None) -> None:
         self.worker, self.spec, self.case, self.cpu_seconds = worker, spec, case, cpu_seconds
+        self._twin = twin   # () -> the pool's harness twin worker (untrusted kernels' channels)
+
+    def harness_twin(self) -> WorkerChannel | None:
+        """A channel to the pool's harness twin: a worker of the same setup as this one that never loads candidate
+        code (kbench.worker.calls.HarnessOnly); the judge measures the harness's own cost of a batch there."""
+        if self._twin is None:
+            return None
+        worker = self._twin()
+        return WorkerChannel(worker, BackendSpec("harness", "harness-only", True), self.case, None)
+
+    def freeze(self) -> bool:
+        return self.worker.freeze()
+
+    def thaw(self) -> None:
+        self.worker.thaw()
 
     def start(self, payload: dict[str, Any], fd: int, timeout: float | None) -> Any:
         job = {**payload, "spec": self.spec, "cpu_seconds": self.cpu_seconds}
@@ -377,6 +440,8 @@ class WorkerPool:
     #: keep an untrusted backend's worker after a ``failed`` record (a wrong answer): ``kbench fuzz`` checks
     #: hundreds of cases with one worker; crashes, timeouts and errors still close it
     keep_failed: bool = False
+    #: the harness twin (kbench.judge.accounting): one sandboxed worker that never runs candidate code
+    twin: Any = None
 
     @property
     def timeout(self) -> float:
@@ -483,7 +548,7 @@ class WorkerPool:
         cpu = self.timeout * self.ctx.integrity.cpu_time_factor * (os.cpu_count() or 1) if not backend.trusted else None
         from kbench.judge.judge import judge
 
-        channel = WorkerChannel(worker, spec, case, cpu)
+        channel = WorkerChannel(worker, spec, case, cpu, twin=None if backend.trusted else self._harness_twin)
         try:
             if not worker.alive:
                 worker.close()
@@ -518,7 +583,22 @@ class WorkerPool:
             worker.close()
         return rec
 
+    def _harness_twin(self) -> Worker:
+        """The pool's harness twin, started on first use (the setup of an untrusted kernel's worker; it only ever
+        runs the harness's empty loop, so it is kept for the whole run); raises WorkerFailed when it cannot start."""
+        if self.twin is None:
+            self.twin = Worker(self._setup(True), "harness-twin")
+        if not self.twin.alive:
+            self.twin.close()
+            self.twin.start()
+        self.twin.tail.reset()
+        self.twin.timeout = self.timeout
+        return self.twin
+
     def close(self) -> None:
+        if self.twin is not None:
+            self.twin.close()
+            self.twin = None
         for worker in self.workers.values():
             worker.ask_to_exit()
         while self.workers:

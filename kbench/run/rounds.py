@@ -26,7 +26,8 @@ BLOCK = 32
 #: accounting figures (kbench.judge.accounting) that add up over rounds
 _ADDITIVE = ("parent_seconds", "sample_seconds", "batches", "untimed_forward_seconds", "empty_seconds",
              "empty_batches", "audit_batches", "unexplained_seconds", "allowed_seconds", "accounted_batches",
-             "judged_seconds")
+             "judged_seconds", "worker_sample_seconds", "raised_seconds", "raised_batches", "harness_seconds",
+             "twin_seconds", "twin_batches")
 
 
 def rounds_of(run: Any) -> int:
@@ -54,6 +55,10 @@ def _sum_accounting(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [p[key] for p in parts if isinstance(p.get(key), (int, float))]
         if values:
             out[key] = sum(values)
+    for key, pooled in (("noisy", any), ("harness_twin", all)):  # flags: noisy in any round; a twin in every one
+        flags = [p[key] for p in parts if isinstance(p.get(key), bool)]
+        if flags:
+            out[key] = pooled(flags)
     cpb = [p.get("calls_per_batch") for p in parts if isinstance(p.get("calls_per_batch"), int)]
     if cpb:
         out["calls_per_batch"] = max(cpb)

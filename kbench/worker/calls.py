@@ -52,6 +52,38 @@ def _nothing() -> None:
     return None
 
 
+class _NoKernel:
+    """What the harness-only backend prepares: never called (its batches are all ``empty``)."""
+
+    def __call__(self, *args, **kwargs) -> None:
+        return None
+
+    forward = backward = __call__
+
+
+class HarnessOnly:
+    """The backend of a harness twin (kbench.judge.judge): a worker of the same setup as an untrusted kernel's
+    that never loads candidate code and only runs ``empty`` batches, so what its batches cost is the harness's own
+    cost, measured where no candidate code has ever run. Built in the worker from a ``harness`` spec."""
+
+    name = "harness-only"
+    trusted = True
+    device = None
+    features = frozenset({"bwd", "varlen", "paged_kv", "gqa"})
+
+    def available(self) -> None:
+        return None
+
+    def supports(self, case) -> None:
+        return None
+
+    def info(self) -> dict[str, Any]:
+        return {"harness_only": True}
+
+    def prepare(self, case) -> _NoKernel:
+        return _NoKernel()
+
+
 class CallRunner:
     """Runs the calls of one prepared kernel on the slots and keys the judge names; reports facts."""
 
@@ -213,12 +245,15 @@ class CallRunner:
             reply["fault"] = str(exc)
         return reply
 
-    def batch(self, kind: str, calls: list, scan: bool = True) -> dict[str, Any]:
+    def batch(self, kind: str, calls: list, scan: bool = True, copy: int = 0) -> dict[str, Any]:
         """One batch of calls (module doc). ``kind`` "empty" runs the same loop with a call that does nothing:
         the judge measures the loop's own cost with it. A slot's inputs are generated when its key differs from
         the one its content was made for (untrusted kernels get a new key for every call; a trusted library
         keeps one per slot, do_bench-style). ``scan``: shadows and non-finite counts of every call (the judge
-        turns them off for trusted libraries' timed calls; what it collects it scans itself)."""
+        turns them off for trusted libraries' timed calls; what it collects it scans itself). ``copy``: the outputs
+        of the first ``copy`` calls are copied into arena slots 0, 1, ... before the reply, inside the parent's
+        window of this request (an untrusted kernel's: the judge verifies them while the worker is stopped, so no
+        work left running after the reply can change what is verified)."""
         dev = self.device
         reply: dict[str, Any] = {"samples": [], "stamps": None, "window": None, "nonfinite": [], "fault": None}
         empty = kind == "empty"
@@ -247,11 +282,15 @@ class CallRunner:
                     dev.repoison(buf)
                 call = dev.prepare_call(_nothing if empty else self._call(slot))
                 dev.before_sample()
+                # the slot's previous answer (possibly an array the kernel returned) is let go only inside this
+                # call's sample: a finalizer or __del__ of it is candidate code, and runs timed
+                held, slot.answer = slot.answer, {}
                 before = self.watch.before()
                 if tmod.perf_counter_ns is not counter or devices.time is not tmod or \
                         kind_of_clock.start is not mark_start:
                     _clock_intact(ref, kind, f"call {i + 1} started", True)
                 clock.start(i)
+                held = None  # noqa: F841 - released here, inside the sample
                 result = watch.run(call) if watch is not None else call()
                 # before the read that ends the sample: a self-restoring swap is seen here
                 if tmod.perf_counter_ns is not counter or devices.time is not tmod or \
@@ -262,7 +301,9 @@ class CallRunner:
                 if self.strict and not empty:
                     self._alone(f"after call {i + 1} of a {kind} batch returned")
                 # an empty call's "answer" is its poisoned buffers: shadowed, compared and scanned like a kernel's,
-                # so the empty loop costs what a timed batch's harness work costs
+                # so the empty loop costs what a timed batch's harness work costs. Whatever the kernel returned was
+                # bound before the stop mark: nothing the kernel made is let go after it (the slot's old answer
+                # went inside the sample, ``result`` stays referenced until the next call's sample)
                 slot.answer = dict(slot.outputs) if empty else self._answers(result, slot)
                 if scan:
                     for name, arr in slot.answer.items():
@@ -282,6 +323,8 @@ class CallRunner:
                                     f"batch): work was left running (a thread, a stream or lazy evaluation) and "
                                     f"would not be timed")
                 reply["nonfinite"].append([dev.nonfinite(arr) for arr in slot.answer.values()])
+            for j, number in enumerate(numbers[:max(0, min(int(copy), self.layout.slots if self.layout else 0))]):
+                self._to_arena(self.slots[number], j)
             reply["fault"] = self._harness_fault(_phase(kind))
         except (Fault, ThreadLeak) as exc:
             reply["fault"] = str(exc) + (" (during timing)" if kind == "timed" and isinstance(exc, ThreadLeak) else "")
@@ -301,22 +344,25 @@ class CallRunner:
         saved = slot.saved
         return lambda: kernel.backward(saved, *later, *buffers)
 
-    def collect(self, numbers: list[int], inputs: bool = True) -> dict[str, Any]:
-        """Copy the outputs of the named slots' last calls into arena slots 0, 1, ... and (``inputs``) check
-        that their inputs are unchanged."""
+    def _to_arena(self, slot: Slot, j: int) -> None:
+        """The slot's last outputs copied into arena slot ``j`` (NaN where an output is missing)."""
+        for name, view in self.layout.output_views(self.map, j).items():
+            arr = slot.answer.get(name)
+            if arr is None:
+                view[...] = np.nan
+                continue
+            host = np.asarray(self.device.to_host(arr))
+            np.copyto(view, host.reshape(view.shape))
+
+    def collect(self, numbers: list[int], inputs: bool = True, outputs: bool = True) -> dict[str, Any]:
+        """Copy the outputs of the named slots' last calls into arena slots 0, 1, ... (``outputs``) and
+        (``inputs``) check that their inputs are unchanged."""
         reply: dict[str, Any] = {"fault": None}
-        dev, layout = self.device, self.layout
         try:
             for j, number in enumerate(numbers):
                 slot = self.slots[int(number)]
-                views = layout.output_views(self.map, j)
-                for name, view in views.items():
-                    arr = slot.answer.get(name)
-                    if arr is None:
-                        view[...] = np.nan
-                        continue
-                    host = np.asarray(dev.to_host(arr))
-                    np.copyto(view, host.reshape(view.shape))
+                if outputs:
+                    self._to_arena(slot, j)
                 if inputs:
                     self._unchanged(slot)
             reply["fault"] = self._harness_fault("while outputs were collected")
@@ -393,11 +439,22 @@ class CallRunner:
     def _harness_fault(self, phase: str) -> str | None:
         if self.harness is None:
             return None
-        changed = self.harness.changed()
+        changed = self.harness.changed() + self._shadowed()
         if not changed:
             return None
         shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
         return f"harness tampering: {shown} replaced {phase} (timer or harness functions must not be patched)"
+
+    def _shadowed(self) -> list[str]:
+        """Methods of the runner and of its class's bases hidden by an attribute of this instance (``runner.batch =
+        ...`` replaces the loop for this object only: the module-level snapshot does not see it), and methods of
+        the class replaced since the worker's start."""
+        klass = type(self)
+        found = [f"CallRunner instance attribute {name!r}" for name in vars(self)
+                 if callable(getattr(klass, name, None))]
+        if getattr(klass, "_methods", None) is None:
+            return found
+        return found + [f"CallRunner.{name}" for name, fn in klass._methods.items() if vars(klass).get(name) is not fn]
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -408,11 +465,13 @@ class CallRunner:
             if kind == "job":
                 return "prepared", self.start(backend, message[1])
             if kind == "batch":
-                return "batch", self.batch(message[1]["kind"], list(message[1]["calls"]), bool(message[1].get("scan", True)))
+                return "batch", self.batch(message[1]["kind"], list(message[1]["calls"]), bool(message[1].get("scan", True)),
+                                           int(message[1].get("copy", 0)))
             if kind == "forward":
                 return "forward", self.forward(message[1]["kind"], list(message[1]["calls"]))
             if kind == "collect":
-                return "collected", self.collect(list(message[1]["slots"]), bool(message[1].get("inputs", True)))
+                return "collected", self.collect(list(message[1]["slots"]), bool(message[1].get("inputs", True)),
+                                                 bool(message[1].get("outputs", True)))
             if kind == "sustain":
                 return "sustained", self.sustain(message[1]["seconds"])
             if kind == "end":
@@ -450,3 +509,7 @@ def _np_dtype(name: str) -> np.dtype:
     from kbench.ops.inputs import np_dtype
 
     return np_dtype(name)
+
+
+#: the runner's own methods as imported (before any candidate code): a replaced one is harness tampering
+CallRunner._methods = {name: fn for name, fn in vars(CallRunner).items() if callable(fn) and not name.startswith("__")}

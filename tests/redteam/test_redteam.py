@@ -67,6 +67,19 @@ DEFAULT = {
     "empty_loop_burner": ("failed", r"static check"),
     # issue 33: zeros on one call in eight; every timed call's output is checked (a few rows each)
     "sometimes_zeros": ("failed", r"on a timed call|on trial"),
+    # the slot's previous answer is let go inside the next call's sample: the finalizer's work is timed (it gains
+    # nothing: test_a_finalizer_shift_gains_nothing), or it runs too early and the answer is wrong
+    "finalizer_shift": (("failed", "passed"), r"on a timed call|^None$"),
+    # a timeit finalizer launders gc.get_objects past the audit hook and sets an instance attribute `batch` on the
+    # runner: the runner's instance attributes are checked (and the parent's clock decides the time anyway:
+    # benchmarks/underreporting.py runs it without the harness check)
+    "laundered_runner_patch": ("failed", r"harness tampering: CallRunner instance attribute 'batch'"),
+    # a raw thread finishes the answer after the call: counted among the native threads; and the outputs verified
+    # are those copied inside the batch's window, the worker stopped from the reply on
+    "late_finisher": ("failed", r"threads still running|output changed after the kernel returned|on a timed call"),
+    # wrong on one (row, head) of one call in six: with a handful of timed calls a record may hold none
+    # (tests/test_judge_clock.py measures the rate over many records)
+    "one_tile_in_six": (("failed", "passed"), r"on a timed call|on trial|^None$"),
 }
 
 # the same exploits with static_checks: none -- what the checks at run time say
@@ -104,10 +117,14 @@ DYNAMIC = {
     # issue 33: every clock read is checked against the timers captured at the worker's start
     "timer_restore": ("failed", r"harness tampering: time.perf_counter_ns replaced, seen before a clock read"),
     # issue 33: batches sized by the parent's clock, one floor per record: the shaved samples do not add up
-    "slow_check_batches": ("failed", r"harness tampering: kbench.worker.main.encode_reply replaced|samples do not add up"),
+    "slow_check_batches": ("failed", r"harness tampering: kbench.worker.main.encode_reply replaced"),
     # issue 33: no thread of an untrusted kernel outlives its call, so nothing of it runs in the empty loop
     "empty_loop_burner": ("failed", r"left threads still running: a thread it started \('burner'\) is alive after "
                                     r"call 1"),
+    "finalizer_shift": (("failed", "passed"), r"on a timed call|^None$"),
+    "laundered_runner_patch": ("failed", r"harness tampering: CallRunner instance attribute 'batch'"),
+    "late_finisher": ("failed", r"threads still running|output changed after the kernel returned|on a timed call"),
+    "one_tile_in_six": (("failed", "passed"), r"on a timed call|on trial|^None$"),
 }
 
 # class 10: with a loose tolerance, trivial answers pass the bound but not the trivial-predictor guard
@@ -221,3 +238,14 @@ def test_crash_records_carry_the_stderr_tail(default_run):
     assert "Fatal Python error: Segmentation fault" in rec["stderr_tail"] and "in attention" in rec["stderr_tail"]
     assert rec["status"] == "crashed" and "cause" not in rec  # the kernel's doing, not the infrastructure's
     assert rec["signal"] == "SIGSEGV"
+
+
+def test_a_finalizer_shift_gains_nothing(dynamic_run):
+    """On 54db9a9 the finalizer of a slot's previous answer did each call's work after the stop mark: passed at
+    0.00-0.61x of an honest kernel. Let go inside the next call's sample, its work is timed: it is no faster than
+    the same maths done honestly (half of it, on a shared machine, at worst)."""
+    records, _ = dynamic_run
+    shifted, honest = records["file:finalizer_shift"], records["file:honest_numpy"]
+    if shifted["status"] == "passed":
+        assert shifted["timing"]["samples_kind"] == "parent"
+        assert shifted["stats"]["median"] >= 0.5 * honest["stats"]["median"], (shifted["stats"], honest["stats"])

@@ -1,4 +1,4 @@
-"""Held-out shapes for everything that scores a kernel, and a repro line per record (issue 36)."""
+"""Held-out shapes for everything that scores a kernel, and a repro line per record."""
 from __future__ import annotations
 
 import shlex

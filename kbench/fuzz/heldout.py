@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,30 @@ from kbench.ops import Case, CaseError
 
 #: held-out shapes checked per evaluation by default (docs/fuzz.md, "Held-out shapes": what they cost)
 HELD_OUT_CASES = 3
+#: the one switch of the held-out shapes: how many per evaluation where a caller gives no number (0: none)
+ENV_HELD_OUT = "KBENCH_EVAL_HELD_OUT"
+
+
+def held_out_default(n: int | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """How many held-out shapes to check: ``n`` when given, else ``$KBENCH_EVAL_HELD_OUT`` when set, else
+    :data:`HELD_OUT_CASES`. Read by :func:`check_held_out` and :func:`kbench.evaluators.score_kernel` (so by the
+    OpenEvolve and Shinka evaluators however they are built, and by ``kbench evolve``'s evaluator) whenever their
+    caller leaves the number out. A value that is not a whole number >= 0 is bad input (exit 2)."""
+    if n is not None:
+        return int(n)
+    raw = (os.environ if environ is None else environ).get(ENV_HELD_OUT)
+    if raw is None or not raw.strip():
+        return HELD_OUT_CASES
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        from kbench.errors import BadInput
+
+        raise BadInput(f"{ENV_HELD_OUT}={raw!r} is not a whole number >= 0", where="environment",
+                       fix=f"export {ENV_HELD_OUT}=3 (held-out shapes per evaluation; 0 for none)")
+    return value
 
 
 @dataclass
@@ -349,7 +374,7 @@ def check_held_out(pm, backends: Iterable[Any], cases: Sequence[Case] | None = N
     """
     from kbench.fuzz.checker import CASE_TIMEOUT, Checker, infrastructure, is_bad
 
-    n = HELD_OUT_CASES if n is None else n
+    n = held_out_default(n)
     if suite is not None:
         from kbench.run.runner import integrity_settings
 
@@ -358,7 +383,9 @@ def check_held_out(pm, backends: Iterable[Any], cases: Sequence[Case] | None = N
         check = plan.check if check is None else check
         integrity = integrity_settings(suite) if integrity is None else integrity
     backends = list(backends)
-    if not backends or not cases or n <= 0:
+    if n <= 0:   # switched off: a verdict of no shapes per backend (a caller that looks one up finds it)
+        return {b.name: HeldOut(b.name) for b in backends}
+    if not backends or not cases:
         return {}
     secret = secret if secret is not None else secrets.token_bytes(32)
     op = pm.registry.op(cases[0].op)

@@ -55,6 +55,18 @@ def long_lengths(low: int = MAX_LEN + 1, top: int = MAX_LONG) -> st.SearchStrate
     return st.one_of(st.integers(low, top), st.integers(low, top), st.sampled_from(edges))
 
 
+def _shrunk(hq: int, hkv: int, d: int, dims: tuple[int, ...], per_unit: float, budget: float) -> tuple[int, int, int]:
+    """Heads and head_dim of a long-row case made small enough that one query row (``per_unit`` multiply-adds per
+    head and channel) fits ``budget``: the head_dim first (down the drawn list), then one head of each kind."""
+    smaller = [x for x in dims if x <= d]
+    while per_unit * hq * d > budget and len(smaller) > 1:
+        smaller.pop()
+        d = smaller[-1]
+    if per_unit * hq * d > budget:
+        hq = hkv = 1
+    return hq, hkv, d
+
+
 def _fit(work_per_row: float, budget: float, top: int) -> int:
     """How many query rows of ``work_per_row`` multiply-adds each fit in ``budget`` (at least 1, at most ``top``)."""
     return int(max(1, min(top, budget // max(work_per_row, 1.0))))
@@ -130,6 +142,7 @@ class Space:
                 sk = draw(long_lengths())
                 hq, hkv = draw(self._heads(kv_top=2))
                 d = draw(st.sampled_from(self._long_head_dims()))
+                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * backward * sk, self.max_work)
                 sq = draw(lengths(_fit(2.0 * backward * hq * sk * d, self.max_work, MAX_LEN)))
                 batch = 1
             else:
@@ -166,6 +179,8 @@ class Space:
                 sk, batch = draw(long_lengths(MAX_CACHE + 1)), 1
                 hq, hkv = draw(self._heads(kv_top=2))
                 d = draw(st.sampled_from(self._long_head_dims()))
+                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * sk, self.max_work)
+                sq = min(sq, _fit(2.0 * hq * sk * d, self.max_work, sq))
             else:
                 sk, batch = draw(lengths(MAX_CACHE)), draw(st.integers(1, 3))
                 hq, hkv = draw(self._heads())
@@ -183,7 +198,7 @@ class Space:
         def draw_case(draw) -> dict[str, Any]:
             batch = draw(st.integers(1, 4))
             long = self._long(draw)
-            q = draw(st.lists(lengths(MAX_LEN // 2), min_size=batch, max_size=batch))
+            q = draw(st.lists(lengths(16 if long else MAX_LEN // 2), min_size=batch, max_size=batch))
             hq, hkv = draw(self._heads(kv_top=2 if long else 4))
             d = draw(st.sampled_from(self._long_head_dims() if long else self.head_dims))
             params = {"seqlens_q": q, "heads_q": hq, "heads_kv": hkv, "head_dim": d, "causal": draw(st.booleans()),
@@ -192,6 +207,8 @@ class Space:
                 kv = draw(st.lists(lengths(MAX_LEN // 2), min_size=batch, max_size=batch))
                 at = draw(st.integers(0, batch - 1))
                 kv[at] = draw(long_lengths())
+                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * sum(kv), self.max_work)
+                params.update({"heads_q": hq, "heads_kv": hkv, "head_dim": d})
                 rest = self.max_work / (2.0 * hq * d) - sum(a * b for i, (a, b) in enumerate(zip(q, kv)) if i != at)
                 q[at] = min(q[at], _fit(kv[at], rest, MAX_LEN // 2))
                 params["seqlens_q"], params["seqlens_kv"] = q, kv

@@ -106,8 +106,15 @@ class Space:
         return st.tuples(st.integers(1, kv_top), st.integers(1, 4)).map(lambda t: (t[0] * t[1], t[0]))
 
     def _long(self, draw) -> bool:
-        """Whether this case has long rows (a quarter of them where the space has them)."""
+        """Whether this case has long rows (a quarter of them where the space has them). Drawn last, after the long
+        length, with every other parameter drawn the same either way: the shrinker turns it off and keeps the rest
+        whenever the failure does not need a long row."""
         return self.long_rows and draw(st.integers(0, LONG_ODDS - 1)) == LONG_ODDS - 1
+
+    def _long_dim(self, d: int) -> int:
+        """The head_dim of a long-row case drawn with ``d``: the largest long-row head_dim not above it."""
+        dims = self._long_head_dims()
+        return max([x for x in dims if x <= d] or dims[:1])
 
     def _long_head_dims(self) -> tuple[int, ...]:
         return tuple(d for d in self.head_dims if d <= LONG_HEAD_DIMS_MAX) or self.head_dims[:1]
@@ -138,19 +145,11 @@ class Space:
 
         @st.composite
         def draw_case(draw) -> dict[str, Any]:
-            if self._long(draw):   # one long key row: the rest of the case as small as its cost needs
-                sk = draw(long_lengths())
-                hq, hkv = draw(self._heads(kv_top=2))
-                d = draw(st.sampled_from(self._long_head_dims()))
-                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * backward * sk, self.max_work)
-                sq = draw(lengths(_fit(2.0 * backward * hq * sk * d, self.max_work, MAX_LEN)))
-                batch = 1
-            else:
-                sq = draw(lengths(MAX_LEN))
-                sk = draw(lengths(MAX_LEN)) if draw(st.booleans()) else sq   # shrinks towards seqlen_q == seqlen_kv
-                hq, hkv = draw(self._heads())
-                d = draw(st.sampled_from(self.head_dims))
-                batch = draw(st.integers(1, 3))
+            sq = draw(lengths(MAX_LEN))
+            sk = draw(lengths(MAX_LEN)) if draw(st.booleans()) else sq   # shrinks towards seqlen_q == seqlen_kv
+            hq, hkv = draw(self._heads())
+            d = draw(st.sampled_from(self.head_dims))
+            batch = draw(st.integers(1, 3))
             params = {"batch": batch, "seqlen_q": sq, "seqlen_kv": sk, "heads_q": hq,
                       "heads_kv": hkv, "head_dim": d,
                       "causal": draw(st.booleans()), "dtype": draw(st.sampled_from(self.dtypes))}
@@ -164,6 +163,14 @@ class Space:
                 if params["dtype"] == "fp8_e4m3":
                     params["mode"] = "fwd"
             self._values(draw, params)
+            long_kv = draw(long_lengths())
+            if self._long(draw):   # one long key row: the rest of the case as small as its cost needs
+                factor = 3.0 if params.get("mode", "fwd") != "fwd" else 1.0
+                hkv = min(hkv, 2)
+                hq, hkv, d = _shrunk(hkv * (hq // params["heads_kv"]), hkv, self._long_dim(d), self._long_head_dims(),
+                                     2.0 * factor * long_kv, self.max_work)
+                params.update({"batch": 1, "seqlen_kv": long_kv, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
+                               "seqlen_q": min(sq, _fit(2.0 * factor * hq * long_kv * d, self.max_work, MAX_LEN))})
             return params
         return draw_case()
 
@@ -175,21 +182,22 @@ class Space:
         @st.composite
         def draw_case(draw) -> dict[str, Any]:
             sq = draw(st.one_of(st.just(1), st.integers(1, MAX_QUERY_TOKENS)))
-            if self._long(draw):   # a cache past 2,048 keys: one sequence, one or two kv heads, head_dim <= 64
-                sk, batch = draw(long_lengths(MAX_CACHE + 1)), 1
-                hq, hkv = draw(self._heads(kv_top=2))
-                d = draw(st.sampled_from(self._long_head_dims()))
-                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * sk, self.max_work)
-                sq = min(sq, _fit(2.0 * hq * sk * d, self.max_work, sq))
-            else:
-                sk, batch = draw(lengths(MAX_CACHE)), draw(st.integers(1, 3))
-                hq, hkv = draw(self._heads())
-                d = draw(st.sampled_from(self.head_dims))
+            sk, batch = draw(lengths(MAX_CACHE)), draw(st.integers(1, 3))
+            hq, hkv = draw(self._heads())
+            d = draw(st.sampled_from(self.head_dims))
             params = {"batch": batch, "seqlen_q": sq, "seqlen_kv": max(sq, sk), "heads_q": hq, "heads_kv": hkv,
                       "head_dim": d, "dtype": draw(st.sampled_from(self.dtypes))}
             if "paged" in features and draw(st.booleans()):
                 params["page_size"] = draw(st.one_of(st.integers(1, 8), st.sampled_from([16, 32, 64, 128])))
             self._values(draw, params)
+            long_kv = draw(long_lengths(MAX_CACHE + 1))
+            if self._long(draw):   # a cache past 2,048 keys: one sequence, one or two kv heads, head_dim <= 64
+                hkv = min(hkv, 2)
+                hq, hkv, d = _shrunk(hkv * (hq // params["heads_kv"]), hkv, self._long_dim(d), self._long_head_dims(),
+                                     2.0 * long_kv, self.max_work)
+                sq = min(sq, _fit(2.0 * hq * long_kv * d, self.max_work, sq))
+                params.update({"batch": 1, "seqlen_q": sq, "seqlen_kv": long_kv, "heads_q": hq, "heads_kv": hkv,
+                               "head_dim": d})
             return params
         return draw_case()
 
@@ -197,24 +205,25 @@ class Space:
         @st.composite
         def draw_case(draw) -> dict[str, Any]:
             batch = draw(st.integers(1, 4))
-            long = self._long(draw)
-            q = draw(st.lists(lengths(16 if long else MAX_LEN // 2), min_size=batch, max_size=batch))
-            hq, hkv = draw(self._heads(kv_top=2 if long else 4))
-            d = draw(st.sampled_from(self._long_head_dims() if long else self.head_dims))
+            q = draw(st.lists(lengths(MAX_LEN // 2), min_size=batch, max_size=batch))
+            hq, hkv = draw(self._heads())
+            d = draw(st.sampled_from(self.head_dims))
             params = {"seqlens_q": q, "heads_q": hq, "heads_kv": hkv, "head_dim": d, "causal": draw(st.booleans()),
                       "dtype": draw(st.sampled_from(self.dtypes))}
-            if long:   # one sequence of long key rows (which one is drawn), its queries as few as the cost needs
-                kv = draw(st.lists(lengths(MAX_LEN // 2), min_size=batch, max_size=batch))
-                at = draw(st.integers(0, batch - 1))
-                kv[at] = draw(long_lengths())
-                hq, hkv, d = _shrunk(hq, hkv, d, self._long_head_dims(), 2.0 * sum(kv), self.max_work)
-                params.update({"heads_q": hq, "heads_kv": hkv, "head_dim": d})
-                rest = self.max_work / (2.0 * hq * d) - sum(a * b for i, (a, b) in enumerate(zip(q, kv)) if i != at)
-                q[at] = min(q[at], _fit(kv[at], rest, MAX_LEN // 2))
-                params["seqlens_q"], params["seqlens_kv"] = q, kv
-            elif draw(st.booleans()):   # shrinks towards key lengths equal to the query lengths
+            if draw(st.booleans()):   # shrinks towards key lengths equal to the query lengths
                 params["seqlens_kv"] = draw(st.lists(lengths(MAX_LEN // 2), min_size=batch, max_size=batch))
             self._values(draw, params)
+            long_kv, at = draw(long_lengths()), draw(st.integers(0, batch - 1))
+            if self._long(draw):   # one sequence of long key rows, the others' queries few, the heads small
+                kv = list(params.get("seqlens_kv") or q)
+                kv[at] = long_kv
+                q = [min(n, 16) for n in q]
+                hkv = min(hkv, 2)
+                hq, hkv, d = _shrunk(hkv * (hq // params["heads_kv"]), hkv, self._long_dim(d), self._long_head_dims(),
+                                     2.0 * sum(kv), self.max_work)
+                rest = self.max_work / (2.0 * hq * d) - sum(a * b for i, (a, b) in enumerate(zip(q, kv)) if i != at)
+                q[at] = min(q[at], _fit(kv[at], rest, MAX_LEN // 2))
+                params.update({"seqlens_q": q, "seqlens_kv": kv, "heads_q": hq, "heads_kv": hkv, "head_dim": d})
             return params
         return draw_case()
 

@@ -276,3 +276,22 @@ def test_score_kernel_reads_the_switch(tmp_path, monkeypatch):
     monkeypatch.setenv("KBENCH_EVAL_HELD_OUT", "3")
     fit = score_kernel(str(PLANTED / "batch_past_suite.py"), suite=suite, allow_unsandboxed=True)
     assert fit.held_out and fit.held_out["checked"] >= 1
+
+
+def test_fuzz_takes_the_value_ranges_asked_for_and_refuses_unknown_ones(tmp_path):
+    from click.testing import CliRunner
+    from hypothesis import given, settings
+
+    from kbench.cli import cli
+    from kbench.fuzz.space import Space
+
+    res = CliRunner().invoke(cli, ["fuzz", "-b", "numpy", "--values", "outliers", "--budget", "2"])
+    assert res.exit_code == 2 and "--values" in res.output and "unknown value range 'outliers'" in res.output
+    drawn = []
+
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(Space("attention", ("fp32",), values=("one_hot",), long_rows=False).strategy())
+    def collect(params):
+        drawn.append(params)
+    collect()
+    assert {p.get("values") for p in drawn} == {"one_hot"} and max(p["seqlen_kv"] for p in drawn) <= 320

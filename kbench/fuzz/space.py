@@ -49,10 +49,11 @@ def lengths(top: int) -> st.SearchStrategy[int]:
 
 
 def long_lengths(low: int = MAX_LEN + 1, top: int = MAX_LONG) -> st.SearchStrategy[int]:
-    """A long key row in [low, top]: anything (shrinks towards ``low``: the smallest failing length), or one off a
-    power of two a third of the time."""
+    """A long key row: anything up to ``top`` (past ``low`` almost always), or one off a power of two from ``low`` on
+    a third of the time. It shrinks towards 1, not ``low``: a failure that needs no long row ends as small as any
+    other, one that does at the smallest failing length (1,025 for a reset every 1,024 keys)."""
     edges = [n for n in LONG_EDGES if low <= n <= top]
-    return st.one_of(st.integers(low, top), st.integers(low, top), st.sampled_from(edges))
+    return st.one_of(st.integers(1, top), st.integers(1, top), st.sampled_from(edges))
 
 
 def _shrunk(hq: int, hkv: int, d: int, dims: tuple[int, ...], per_unit: float, budget: float) -> tuple[int, int, int]:

@@ -75,10 +75,19 @@ def test_planted_kernels_pass_the_power_of_two_suite():
     pm = get_plugin_manager()
     cases = load_suite(POW2_SUITE).plan("cpu", pm.registry.op("attention")).cases
     with Checker(pm, "attention", "cpu") as checker:
-        for kernel in sorted(SMALLEST):
+        for kernel in sorted(p.name for p in PLANTED.glob("*.py")):   # the whole corpus, all fifteen
             backend = KernelFileRef(PLANTED / kernel, pm.registry)
             bad = {c.id: r["reason"] for c in cases if (r := checker.check(backend, c))["status"] != "passed"}
             assert not bad, (kernel, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel, low, high", [("long_row_reset.py", 1025, 2050), ("split_4k_dropped.py", 4097, 8193)])
+def test_a_long_row_bug_is_caught_and_shrunk_towards_its_smallest_failing_length(tmp_path, kernel, low, high):
+    res, report = fuzz(tmp_path, "-b", str(PLANTED / kernel), "--budget", "90", "--seed", "7")
+    assert res.exit_code == 1, res.output
+    failure = report["backends"][0]["failure"]
+    assert low <= failure["case"]["seqlen_kv"] <= high and failure["case"]["batch"] == 1, failure["case"]
 
 
 @pytest.mark.slow

@@ -1,15 +1,16 @@
-"""Held-out shapes: cases near a suite's that the kernel's author (an operator, an evolver) never sees.
+"""Held-out shapes: cases over the class a suite stands for that the kernel's author (an operator, an evolver)
+never sees.
 
 A candidate tuned on a suite can be exact there and wrong anywhere else (a tail block dropped when the key
-length is not a multiple of the tile, a causal mask aligned top-left, GQA heads mapped with the wrong index).
-Everything that scores a kernel also checks it on :data:`HELD_OUT_CASES` shapes drawn from a secret of its own
-near the suite's cases (:func:`held_out_cases`): each a suite case with its lengths moved to nearby values that
-are neither powers of two nor multiples of 16, ``seqlen_q`` and ``seqlen_kv`` drawn apart, the key/value heads
-regrouped (GQA where the query heads allow it) and the batch at most the suite's; dtype, head_dim, mask, mode,
-window and softcap stay the suite case's, so the kernel is asked nothing its suite did not already ask of it.
-Each is checked for correctness only (:class:`kbench.fuzz.checker.Checker`: the judge and sandbox of
-``kbench run``, no timing, one worker for them all). The shapes are never written anywhere the operator reads:
-a failure says what went wrong, not on which shape, unless ``show`` is set.
+length is not a multiple of the tile, a causal mask aligned top-left, GQA heads mapped with the wrong index, a
+head_dim or batch past the suite's, outlier values). Everything that scores a kernel also checks it on
+:data:`HELD_OUT_CASES` shapes drawn from a secret of its own (:func:`held_out_cases`) over every parameter the
+backend declares it supports and the suite does not pin (:func:`domain`): three shapes hold a length that is a
+multiple of 16 but not a power of two, an odd length and one longer than the suite's longest; head_dim, GQA
+groups (odd ones included), batch, sequence counts, windows, softcap and the inputs' value range move too, each
+shape within a cost cap. Each is checked for correctness only (:class:`kbench.fuzz.checker.Checker`: the judge
+and sandbox of ``kbench run``, no timing, one worker for them all). The shapes are never written anywhere the
+operator reads: a failure says what went wrong, not on which shape, unless ``show`` is set.
 """
 from __future__ import annotations
 

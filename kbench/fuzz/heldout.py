@@ -118,8 +118,11 @@ LENGTH_KINDS = ("mult16", "odd", "longer")
 #: costliest case's, whichever is more (the longer shape keeps its length and gives up batch, heads, query rows)
 HELD_OUT_WORK = 3e7
 HELD_OUT_WORK_RATIO = 1.0
-#: group sizes (query heads per kv head) drawn: MHA, the usual, and odd ones
+#: group sizes (query heads per kv head) drawn: MHA, the usual, and odd ones; the odd-length shape's always odd
 GROUPS = (1, 2, 3, 4, 5, 7)
+ODD_GROUPS = (3, 5, 7)
+#: value ranges of the odd-length shape of a forward (with large_scores half the time): each far from unit inputs
+HOSTILE = ("large_scores", "outlier_channels", "outlier_tokens", "one_hot")
 #: parameters a suite pins by giving one value by name in every grid entry (a kernel written for causal fp16 only
 #: is not asked for the others); shapes are never pinned
 PINNABLE = ("causal", "dtype", "mode", "window", "window_left", "window_right", "softcap", "values")
@@ -251,10 +254,17 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
     from kbench.ops.inputs import VALUE_RANGES, value_range
 
     p = dict(base.params)
-    d = int(rng.choice([x for x in dom.head_dims if x not in dom.suite_head_dims] or dom.head_dims)) \
-        if rng.random() < 2 / 3 else int(rng.choice(dom.head_dims))
+    others = [x for x in dom.head_dims if x not in dom.suite_head_dims] or list(dom.head_dims)
+    # past the suite's largest and not a multiple of it: a remainder the suite's tiles never had
+    past = [x for x in others if x > max(dom.suite_head_dims) and x % max(dom.suite_head_dims)]
+    if kind == "longer" and past:
+        d = int(rng.choice(past))
+    else:
+        d = int(rng.choice(others)) if rng.random() < 2 / 3 else int(rng.choice(dom.head_dims))
     hkv = int(rng.integers(1, dom.max_kv_heads + 1))
     group = int(rng.choice(GROUPS))
+    if kind == "odd":   # an odd grouping of two or more kv heads (a group that is not a power of two)
+        hkv, group = int(rng.integers(2, dom.max_kv_heads + 1)), int(rng.choice(ODD_GROUPS))
     out: dict[str, Any] = {"heads_q": hkv * group, "heads_kv": hkv, "head_dim": d}
     free = lambda key: key not in dom.pinned   # noqa: E731
     out["dtype"] = str(rng.choice(dom.dtypes)) if free("dtype") else dom.pinned["dtype"]
@@ -278,7 +288,11 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
         names = list(VALUE_RANGES) + ["std:4", "std:0.25"]
         if out.get("mode", "fwd") != "fwd":
             names = [v for v in names if value_range(v).gentle]
-        out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
+            out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
+        elif kind == "odd":   # one hostile range in every draw: scores past exp's range half the time
+            out["values"] = "large_scores" if rng.random() < 0.5 else str(rng.choice(HOSTILE))
+        else:
+            out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
     else:
         out["values"] = dom.pinned["values"]
     if op.name == "attention_varlen":
@@ -294,6 +308,8 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
         out.update({"seqlens_q": q, "seqlens_kv": kv})
         return out
     out["batch"] = int(rng.integers(1, dom.max_batch + 1))
+    if kind == "mult16":   # a batch past the suite's largest in every draw
+        out["batch"] = int(rng.integers(dom.max_batch - 1, dom.max_batch + 1))
     if op.name == "decode_attention":
         from kbench.ops.decode import MAX_QUERY_TOKENS
 
@@ -313,19 +329,27 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
     return out
 
 
-def _capped(op, raw: dict[str, Any], dom: Domain) -> dict[str, Any]:
-    """``raw`` within the domain's cost: batch, then heads, then query rows given up, never the key lengths."""
+def _capped(op, raw: dict[str, Any], dom: Domain, kind: str = "") -> dict[str, Any]:
+    """``raw`` within the domain's cost, never giving up the key lengths nor the shape's role (:func:`_draw`: the
+    batch past the suite's, the odd grouping): query rows down to 16 first, then batch, then heads, then the
+    remaining query rows."""
     raw = dict(raw)
-    for _ in range(64):
+    floor_batch = dom.max_batch - 1 if kind == "mult16" and "batch" in raw else 1
+    for _ in range(96):
         if _work(op, raw) <= dom.max_work:
             return raw
-        if raw.get("batch", 1) > 1:
-            raw["batch"] = 1
-        elif raw["heads_q"] > raw["heads_kv"] and raw["heads_kv"] > 1:
-            raw["heads_q"] //= raw["heads_kv"]
+        if op.name == "attention" and raw["seqlen_q"] > 16:
+            raw["seqlen_q"] = max(16, raw["seqlen_q"] // 2 | 1)
+        elif op.name == "attention_varlen" and max(raw["seqlens_q"]) > 16:
+            raw["seqlens_q"] = [max(1, min(n, max(16, n // 2 | 1))) for n in raw["seqlens_q"]]
+        elif raw.get("batch", 1) > floor_batch:
+            raw["batch"] = floor_batch
+        elif kind != "odd" and raw["heads_q"] > 1:
+            raw["heads_q"] = raw["heads_q"] // raw["heads_kv"] if raw["heads_kv"] > 1 else 1
             raw["heads_kv"] = 1
-        elif raw["heads_q"] > 1 and raw["heads_kv"] > 1:
-            raw["heads_q"], raw["heads_kv"] = 1, 1
+        elif kind == "odd" and raw["heads_kv"] > 2:
+            raw["heads_q"] = raw["heads_q"] // raw["heads_kv"] * 2
+            raw["heads_kv"] = 2
         elif op.name == "attention" and raw["seqlen_q"] > 1:
             raw["seqlen_q"] = max(1, raw["seqlen_q"] // 2 | 1)
         elif op.name == "attention_varlen" and max(raw["seqlens_q"]) > 1:
@@ -353,7 +377,7 @@ def held_out_cases(op, cases: Sequence[Case], secret: bytes, n: int = HELD_OUT_C
             break
         kind = LENGTH_KINDS[len(out) % len(LENGTH_KINDS)]
         try:
-            case = op.make_case(_capped(op, _draw(op, order[i % len(order)], dom, kind, rng), dom))
+            case = op.make_case(_capped(op, _draw(op, order[i % len(order)], dom, kind, rng), dom, kind))
         except CaseError:
             continue
         if case.id not in seen:

@@ -121,7 +121,7 @@ HELD_OUT_WORK_RATIO = 1.0
 #: group sizes (query heads per kv head) drawn: MHA, the usual, and odd ones; the odd-length shape's always odd
 GROUPS = (1, 2, 3, 4, 5, 7)
 ODD_GROUPS = (3, 5, 7)
-#: value ranges of the odd-length shape of a forward (with large_scores half the time): each far from unit inputs
+#: value ranges of the odd-length shape of a forward (large_scores three times in four): each far from unit inputs
 HOSTILE = ("large_scores", "outlier_channels", "outlier_tokens", "one_hot")
 #: parameters a suite pins by giving one value by name in every grid entry (a kernel written for causal fp16 only
 #: is not asked for the others); shapes are never pinned
@@ -268,8 +268,8 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
     out: dict[str, Any] = {"heads_q": hkv * group, "heads_kv": hkv, "head_dim": d}
     free = lambda key: key not in dom.pinned   # noqa: E731
     out["dtype"] = str(rng.choice(dom.dtypes)) if free("dtype") else dom.pinned["dtype"]
-    if "causal" in p:
-        out["causal"] = bool(rng.random() < 0.5) if free("causal") else dom.pinned["causal"]
+    if "causal" in p:   # the longer shape causal where free (with seqlen_q != seqlen_kv: the mask's alignment shows)
+        out["causal"] = (kind == "longer" or bool(rng.random() < 0.5)) if free("causal") else dom.pinned["causal"]
     if op.name == "attention":
         mode = p.get("mode", "fwd")
         if free("mode"):
@@ -289,8 +289,8 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
         if out.get("mode", "fwd") != "fwd":
             names = [v for v in names if value_range(v).gentle]
             out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
-        elif kind == "odd":   # one hostile range in every draw: scores past exp's range half the time
-            out["values"] = "large_scores" if rng.random() < 0.5 else str(rng.choice(HOSTILE))
+        elif kind == "odd":   # one hostile range in every draw: scores past exp's range three times in four
+            out["values"] = "large_scores" if rng.random() < 0.75 else str(rng.choice(HOSTILE))
         else:
             out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
     else:

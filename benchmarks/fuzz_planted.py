@@ -99,21 +99,24 @@ def score(args) -> None:
 
     rows = []
     for kernel in kernels(args.kernels):
-        zeros, walls, held = 0, [], []
+        zeros, by_held_out, walls, held, other = 0, 0, [], [], []
         for _ in range(args.evaluations):
             start = time.perf_counter()
             fit = score_kernel(str(kernel), suite=str(POW2))
             walls.append(time.perf_counter() - start)
             held.append((fit.held_out or {}).get("seconds", 0.0))
             zeros += fit.score == 0
+            by_held_out += fit.score == 0 and "(held-out)" in fit.failures
+            other += [why[:120] for case, why in fit.failures.items() if case != "(held-out)"]
         share = sum(held) / sum(walls)
-        rows.append((kernel.stem, f"{zeros}/{args.evaluations}", f"{statistics.median(walls):.1f}",
-                     f"{100 * share:.0f}%"))
+        rows.append((kernel.stem, f"{zeros}/{args.evaluations}", f"{by_held_out}/{args.evaluations}",
+                     f"{statistics.median(walls):.1f}", f"{100 * share:.0f}%", "; ".join(sorted(set(other)))[:200]))
         print(" | ".join(rows[-1]), flush=True)
     from tabulate import tabulate
 
     print(f"\nload average {open('/proc/loadavg').read().split()[:3]} (a shared machine: times are noisy)")
-    print(tabulate(rows, headers=["kernel", "scored 0", "median evaluation (s)", "held-out share of wall time"],
+    print(tabulate(rows, headers=["kernel", "scored 0", "by a held-out shape", "median evaluation (s)",
+                                  "held-out share of wall time", "other failures (not held-out)"],
                    tablefmt="github"))
 
 

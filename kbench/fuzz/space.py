@@ -33,8 +33,7 @@ MAX_LONG = 8193
 LONG_EDGES = tuple(n for k in range(9, 14) for n in (2 ** k - 1, 2 ** k, 2 ** k + 1))
 #: a long-row case draws its head_dim from these (the cost of a long row is kept in its other dimensions)
 LONG_HEAD_DIMS_MAX = 64
-#: of these many cases, one has long rows (drawn as a number below it, so shrinking leaves the long branch
-#: only when the failure does not need a long row)
+#: of these many cases, one has long rows
 LONG_ODDS = 4
 #: multiply-adds of the float64 reference (Q K^T and P V) above which a drawn case is passed over
 MAX_WORK = 1.5e7
@@ -107,8 +106,8 @@ class Space:
                              f"{', '.join(SPACES)}")
         return make()
 
-    def _heads(self, kv_top: int = 4) -> st.SearchStrategy[tuple[int, int]]:
-        return st.tuples(st.integers(1, kv_top), st.integers(1, 4)).map(lambda t: (t[0] * t[1], t[0]))
+    def _heads(self) -> st.SearchStrategy[tuple[int, int]]:
+        return st.tuples(st.integers(1, 4), st.integers(1, 4)).map(lambda t: (t[0] * t[1], t[0]))
 
     def _long(self, draw) -> bool:
         """Whether this case has long rows (a quarter of them where the space has them). Drawn last, after the long
@@ -146,8 +145,6 @@ class Space:
 
     def _attention(self) -> st.SearchStrategy[dict[str, Any]]:
         features = self.features
-
-        backward = 3.0 if {"bwd", "fwd_bwd"} & set(features) else 1.0
 
         @st.composite
         def draw_case(draw) -> dict[str, Any]:

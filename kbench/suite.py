@@ -119,7 +119,7 @@ class Suite:
                            file=self.path, where=self.where(where),
                            fix="shrink the grid (tie axes with a key like 'batch,seqlen' instead of crossing them), "
                                "or raise the limit with --max-cases")
-        return DevicePlan(device=device, cases=expand_grid(grid, op, self, where),
+        return DevicePlan(device=device, cases=with_inputs(expand_grid(grid, op, self, where), op, self),
                           backends=backend_entries(per.get("backends", self.data.get("backends", ["*"])),
                                                    file=self.path, where=self.where,
                                                    place=("devices", device, "backends") if "backends" in per
@@ -183,6 +183,34 @@ def _schema_fix(error: jsonschema.ValidationError) -> str:
     if error.validator == "anyOf" and not error.absolute_path:
         return "add a top-level `grid:` list, or `devices: {cpu: {grid: [...]}}`"
     return f"expected: {desc}" if desc else "see docs/suites.md for the format"
+
+
+def with_inputs(cases: list[Case], op: Op, suite: Suite | None) -> list[Case]:
+    """The cases crossed with the suite's ``inputs:`` value ranges (kbench.ops.inputs.VALUE_RANGES), each case
+    first with ``unit`` where listed; a case that names its own ``values`` in the grid keeps it. No ``inputs:``:
+    the cases as they are."""
+    data = suite.data if suite is not None else {}
+    if "inputs" not in data:
+        return cases
+    names = data["inputs"] if isinstance(data["inputs"], list) else [data["inputs"]]
+    if not getattr(op, "takes_values", False):
+        raise BadInput(f"op {op.name!r} has no value ranges", file=suite.path, where=suite.where(("inputs",)),
+                       fix="remove `inputs:` (value ranges are for attention, attention_varlen and decode_attention)")
+    out: dict[str, Case] = {}
+    for case in cases:
+        for i, name in enumerate(names):
+            raw = dict(case.params)
+            raw.setdefault("values", name)
+            try:
+                made = op.make_case(raw)
+            except CaseError as exc:
+                raise BadInput(f"{exc} (inputs: {name!r} with the case {case.id})", file=suite.path,
+                               where=suite.where(("inputs", i) if isinstance(data["inputs"], list) else ("inputs",)),
+                               fix="name a value range the case can take: unit, large_scores, outlier_channels, "
+                                   "outlier_tokens, constant_rows, one_hot or std:S (S a power of two); "
+                                   "fp8_e4m3 cases take unit only") from None
+            out.setdefault(made.id, made)
+    return list(out.values())
 
 
 def count_cases(grid: list[Mapping[str, Any]]) -> int:

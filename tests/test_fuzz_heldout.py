@@ -1,4 +1,4 @@
-"""Held-out shapes for everything that scores a kernel, and a repro line per record (issue 36)."""
+"""Held-out shapes for everything that scores a kernel, and a repro line per record."""
 from __future__ import annotations
 
 import shlex
@@ -33,20 +33,58 @@ def suite_cases(data=POW2):
     return suite_from_data(data).plan("cpu", pm.registry.op(data["op"])).cases
 
 
-def test_held_out_shapes_are_near_the_suite_off_its_grid_and_follow_the_secret():
+def test_held_out_shapes_cover_the_class_off_the_grid_and_follow_the_secret():
+    """Every draw of three: a length that is a multiple of 16 but not a power of two, an odd one, one longer than
+    the suite's longest; across draws every free parameter moves (head_dim, odd GQA groups, batch past the suite's,
+    causal, value ranges) while the dtype the suite names stays; each within the cost cap."""
+    from kbench.fuzz.heldout import domain
+    from kbench.fuzz.space import reference_work
+
     op = get_plugin_manager().registry.op("attention")
     cases = suite_cases()
-    a, b = held_out_cases(op, cases, b"s" * 32, 6), held_out_cases(op, cases, b"s" * 32, 6)
-    other = held_out_cases(op, cases, b"t" * 32, 6)
+    a, b = held_out_cases(op, cases, b"s" * 32, 6, suite_data=POW2), held_out_cases(op, cases, b"s" * 32, 6,
+                                                                                       suite_data=POW2)
+    other = held_out_cases(op, cases, b"t" * 32, 6, suite_data=POW2)
     assert [c.id for c in a] == [c.id for c in b] and [c.id for c in a] != [c.id for c in other]
     suite_ids = {c.id for c in cases}
-    for c in a:
-        assert c.id not in suite_ids and c["dtype"] == "fp32" and c["head_dim"] == 32 and c["heads_q"] == 4
-        for n in (c["seqlen_q"], c["seqlen_kv"]):   # near 128, off the tile grid
-            assert 64 <= n <= 144 and n % 16 and n & (n - 1)
-        assert c["seqlen_q"] != c["seqlen_kv"]
-    assert any(c["heads_kv"] == 2 for c in a + other)   # a real grouping of the 4 query heads
+    dom = domain(op, cases, None, POW2)
+    assert dom.pinned == {"dtype": "fp32"}   # named with one value: kept; causal has two values: free
+    seen = []
+    for i in range(40):
+        draw = held_out_cases(op, cases, bytes([i]) * 32, 3, suite_data=POW2)
+        assert len(draw) == 3 and not {c.id for c in draw} & suite_ids
+        lens = [(c["seqlen_q"], c["seqlen_kv"]) for c in draw]
+        assert any(n % 16 == 0 and n & (n - 1) for n in lens[0]), lens
+        assert any(n % 2 for n in lens[1]), lens
+        assert any(n > 128 for n in lens[2]), lens
+        assert all(c["dtype"] == "fp32" and reference_work("attention", c.params) <= dom.max_work for c in draw)
+        seen += draw
+    assert {c["head_dim"] for c in seen} - {32} and {c["causal"] for c in seen} == {False, True}
+    assert any(c["heads_kv"] > 1 and (c["heads_q"] // c["heads_kv"]) in (3, 5, 7) for c in seen)
+    assert any(c["batch"] > 1 for c in seen) and any(c["seqlen_q"] != c["seqlen_kv"] for c in seen)
+    assert any("values" in c.params for c in seen) and any("values" not in c.params for c in seen)
+    assert not any(c["window_left"] != -1 or c["softcap"] or c["mode"] != "fwd" for c in seen)   # none declared
     assert all(near_length(1, __import__("numpy").random.default_rng(i)) in (1, 2, 3) for i in range(5))
+
+
+def test_held_out_shapes_draw_what_the_kernel_declares(tmp_path):
+    """A kernel file's HEAD_DIMS and FEATURES literals: head_dim among the declared ones, windows, softcap and
+    the backward drawn (read from the file's text, never run)."""
+    from kbench.kernelfile import KernelFileRef
+
+    pm = get_plugin_manager()
+    kernel = tmp_path / "k.py"
+    kernel.write_text('HEAD_DIMS = (40, 72)\nFEATURES = ("window", "softcap", "bwd")\n'
+                      'def attention(q, k, v, out, **kw):\n    pass\n')
+    ref = KernelFileRef(kernel, pm.registry)
+    op = pm.registry.op("attention")
+    seen = [c for i in range(30) for c in held_out_cases(op, suite_cases(), bytes([i]) * 32, 3, backend=ref,
+                                                         suite_data=POW2)]
+    assert {c["head_dim"] for c in seen} <= {40, 72}
+    assert any(c["window_left"] != -1 or c["window_right"] != -1 for c in seen)
+    assert any(c["softcap"] for c in seen) and any(c["mode"] != "fwd" for c in seen)
+    assert all(c.params.get("values", "unit") in ("unit", "constant_rows", "std:0.25") for c in seen
+               if c["mode"] != "fwd")
 
 
 def test_held_out_shapes_of_varlen_and_decode_suites():
@@ -55,11 +93,19 @@ def test_held_out_shapes_of_varlen_and_decode_suites():
               "grid": [{"seqlens_q": [[64, 128]], "heads": 2, "head_dim": 16}]}
     decode = {"version": 1, "name": "d", "op": "decode_attention",
               "grid": [{"batch": 2, "seqlen_q": 4, "seqlen_kv": 512, "heads_q": 8, "heads_kv": 2, "head_dim": 64}]}
-    (v,) = held_out_cases(pm.registry.op("attention_varlen"), suite_cases(varlen), b"k" * 32, 1)
-    q, kv = pm.registry.op("attention_varlen").lengths(v)
-    assert len(q) == 2 and all(n % 16 for n in q + kv)
-    (d,) = held_out_cases(pm.registry.op("decode_attention"), suite_cases(decode), b"k" * 32, 1)
-    assert 1 <= d["seqlen_q"] <= 4 and d["seqlen_kv"] % 16 and d["batch"] <= 2
+    vop = pm.registry.op("attention_varlen")
+    counts = set()
+    for i in range(20):
+        draw = held_out_cases(vop, suite_cases(varlen), bytes([i]) * 32, 3, suite_data=varlen)
+        lengths = [vop.lengths(c) for c in draw]
+        counts |= {len(q) for q, _ in lengths}
+        assert any(n > 128 for n in lengths[2][0] + lengths[2][1])   # one longer than the suite's longest
+        assert any(n % 16 == 0 and n & (n - 1) for n in lengths[0][0] + lengths[0][1])
+    assert counts - {2} and max(counts) <= 4   # sequence counts other than the suite's
+    dop = pm.registry.op("decode_attention")
+    draw = held_out_cases(dop, suite_cases(decode), b"k" * 32, 3, suite_data=decode)
+    assert all(1 <= d["seqlen_q"] <= 5 and d["batch"] <= 4 for d in draw)
+    assert draw[0]["seqlen_kv"] % 16 == 0 and draw[1]["seqlen_kv"] % 2 and draw[2]["seqlen_kv"] > 512
 
 
 def test_a_failing_held_out_shape_is_hidden_unless_shown():

@@ -28,6 +28,12 @@ def _is_kernel_file(pattern: str) -> bool:
               help="dtypes drawn (repeatable; default fp32, fp16, bf16 where the op takes them).")
 @click.option("--head-dim", "head_dims", multiple=True, type=click.IntRange(min=1, max=1024),
               help="head_dims drawn (repeatable; default 8 to 256, the usual and the odd).")
+@click.option("--values", "values", multiple=True, metavar="NAME",
+              help="Value ranges of the inputs drawn (repeatable; default all of them, unit half the time: unit, "
+                   "large_scores, outlier_channels, outlier_tokens, constant_rows, one_hot, std:4, std:0.25; "
+                   "docs/fuzz.md).")
+@click.option("--long-rows/--no-long-rows", default=True, show_default=True,
+              help="Draw a quarter of the cases with long key rows (up to 8,193 keys).")
 @click.option("--device", default=None, help="Device to check on (default: the backend's).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -36,7 +42,8 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--allow-unsandboxed", is_flag=True,
               help="Run kernel files without the OS sandbox where it does not work here.")
 @click.pass_obj
-def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, device, fmt, output, allow_unsandboxed):
+def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, values, long_rows, device, fmt, output,
+                 allow_unsandboxed):
     """Search an op's whole parameter space for a case the backend gets wrong.
 
     Cases are drawn (Hypothesis, derandomised by --seed) across batch, equal and unequal sequence lengths (odd,
@@ -51,11 +58,14 @@ def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, device, fmt,
     from kbench.fuzz.engine import fuzz, fuzz_secret, write_repro
     from kbench.fuzz.space import Space
 
+    from dataclasses import replace
+
     seed = secrets.randbelow(2**31) if seed is None else seed
     targets = [_resolve(pm, arg, op) for arg in backends]
+    chosen_values = _values(values)
     results = []
     for arg, backend in targets:
-        space = _space(pm, backend, dtypes, head_dims)
+        space = replace(_space(pm, backend, dtypes, head_dims), values=chosen_values, long_rows=long_rows)
         where = device or backend.device
         if fmt == "table":
             click.echo(f"kbench fuzz: {backend.name} ({backend.op} on {where}), seed {seed}, budget {budget:g} s",
@@ -129,6 +139,22 @@ def _space(pm, backend, dtypes, head_dims):
         raise BadInput(f"op {backend.op!r} takes none of the dtypes {', '.join(wanted)}", where="--dtype",
                        fix=f"use one of: {', '.join(allowed)}")
     return Space(backend.op, chosen, _features(backend), tuple(sorted(set(head_dims))) or HEAD_DIMS)
+
+
+def _values(values) -> tuple[str, ...] | None:
+    """The value ranges asked for (None: the default draw); an unknown one is bad input naming the option."""
+    if not values:
+        return None
+    from kbench.errors import BadInput
+    from kbench.ops.inputs import value_range
+
+    out = []
+    for name in values:
+        try:
+            out.append(value_range(name).name)
+        except ValueError as exc:
+            raise BadInput(str(exc), where="--values", fix="name one of the value ranges of docs/fuzz.md") from None
+    return tuple(dict.fromkeys(out))
 
 
 def _features(backend) -> frozenset[str]:

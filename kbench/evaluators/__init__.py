@@ -101,14 +101,17 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
     when the harness, not the kernel, failed (records of ``cause: infrastructure``, or the baseline not passing).
 
     Held-out shapes (docs/fuzz.md): a candidate that passed every case is also checked, for correctness only,
-    on ``held_out`` shapes near the suite's (default :data:`kbench.fuzz.heldout.HELD_OUT_CASES`; 0 turns it
-    off) drawn from a secret of this call's, never written anywhere; wrong on one, it scores 0 with the reason
-    under ``failures["(held-out)"]``, the shape hidden unless ``show_held_out``.
+    on ``held_out`` shapes near the suite's (default ``$KBENCH_EVAL_HELD_OUT``, else
+    :data:`kbench.fuzz.heldout.HELD_OUT_CASES`; 0 turns it off) drawn from a secret of this call's, never
+    written anywhere; wrong on one, it scores 0 with the reason under ``failures["(held-out)"]``, the shape hidden
+    unless ``show_held_out``.
     """
     from kbench.api import KernelFileRef, get_plugin_manager
+    from kbench.fuzz.heldout import held_out_default
     from kbench.measurement import geomean_or_zero, measure
 
     path = str(program_path)
+    held_out = held_out_default(held_out)  # KBENCH_EVAL_HELD_OUT when the caller gives no number
     pm = pm if pm is not None else get_plugin_manager()
     suite = _load_suite(suite)  # the user's configuration: its errors are raised, never a candidate's 0
     try:

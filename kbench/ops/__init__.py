@@ -72,6 +72,9 @@ class Op(ABC):
     default_from: Mapping[str, str] = {}
     #: the names of the arrays the backend receives, in call order
     input_names: tuple[str, ...] = ()
+    #: whether a case may name a value range (``values``, kbench.ops.inputs.VALUE_RANGES): kept in the case's
+    #: parameters and id only when not the default, so a case that names none keeps its id and input keys
+    takes_values: bool = False
 
     # -- parameters and cases ------------------------------------------------------------------
 
@@ -79,6 +82,16 @@ class Op(ABC):
         """Resolve aliases and defaults, check types and ranges; raise CaseError with the reason."""
         known = {p.name: p for p in self.parameters}
         params: dict[str, Any] = {}
+        values = None
+        if self.takes_values and "values" in raw:
+            from kbench.ops.inputs import DEFAULT_VALUES, value_range
+
+            raw = dict(raw)
+            try:
+                values = value_range(raw.pop("values")).name
+            except ValueError as exc:
+                raise CaseError(str(exc)) from None
+            values = None if values == DEFAULT_VALUES else values
         for key, value in raw.items():
             if key in self.aliases:
                 for target in self.aliases[key]:
@@ -119,7 +132,15 @@ class Op(ABC):
                 raise CaseError(f"{p.name!r} must be one of {', '.join(map(str, p.choices))}; got {value!r}")
             resolved[p.name] = value
         self.validate(resolved)
-        return Case(self.name, resolved, self.case_id(resolved))
+        if values is None:
+            return Case(self.name, resolved, self.case_id(resolved))
+        if resolved.get("dtype") == "fp8_e4m3":
+            raise CaseError(f"value range {values!r} with dtype fp8_e4m3: FP8 inputs keep their own per-tensor "
+                            f"scale (values: unit)")
+        ident = self.case_id(resolved)
+        resolved["values"] = values
+        return Case(self.name, resolved, f"{ident[:-1]},values={values}]" if ident.endswith("]")
+                    else f"{ident},values={values}")
 
     def validate(self, params: Mapping[str, Any]) -> None:
         """Cross-parameter checks; raise CaseError."""
@@ -193,7 +214,10 @@ class Op(ABC):
         return {}
 
     def tolerance(self, case: Case) -> float:
-        return case.dtype.default_tolerance
+        """The dtype's bound, widened for a value range whose scores are larger than unit inputs' (values_bound)."""
+        from kbench.ops.inputs import values_bound
+
+        return values_bound(case, case.dtype.default_tolerance)
 
     # -- several outputs, features, split calls (docs/backward.md) --------------------------------
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.inputs import InputSpec, structural, unit_variance
+from kbench.ops.inputs import InputSpec, structural, unit_variance, values_of, with_values
 from kbench.ops.attention import AttentionOp, attention_float64, softmax_scale
 
 MAX_QUERY_TOKENS = 16
@@ -58,6 +58,7 @@ class DecodeAttentionOp(Op):
     aliases = {"heads": ("heads_q", "heads_kv")}
     default_from = {"heads_kv": "heads_q"}  # MHA unless heads_kv is given
     input_names = ("q", "k", "v")
+    takes_values = True
     #: the inputs of a paged case (``page_size > 0``)
     paged_input_names = ("q", "k_pages", "v_pages", "block_table")
 
@@ -104,15 +105,18 @@ class DecodeAttentionOp(Op):
         q_shape = (p["batch"], p["seqlen_q"], p["heads_q"], p["head_dim"])
         if not p["page_size"]:
             kv_shape = (p["batch"], p["seqlen_kv"], p["heads_kv"], p["head_dim"])
-            return {"q": unit_variance(q_shape, dt), "k": unit_variance(kv_shape, dt), "v": unit_variance(kv_shape, dt)}
+            return with_values({"q": unit_variance(q_shape, dt), "k": unit_variance(kv_shape, dt),
+                                "v": unit_variance(kv_shape, dt)}, values_of(case), p["head_dim"])
         used, total = p["batch"] * self.pages_per_seq(case), self.num_pages(case)
         pool = (total, p["page_size"], p["heads_kv"], p["head_dim"])
 
         def block_table(rng: np.random.Generator) -> np.ndarray:
             return rng.permutation(total)[:used].reshape(p["batch"], -1).astype(np.int32)
 
-        return {"q": unit_variance(q_shape, dt), "k_pages": unit_variance(pool, dt), "v_pages": unit_variance(pool, dt),
-                "block_table": structural((p["batch"], used // p["batch"]), "int32", block_table)}
+        return with_values({"q": unit_variance(q_shape, dt), "k_pages": unit_variance(pool, dt),
+                            "v_pages": unit_variance(pool, dt),
+                            "block_table": structural((p["batch"], used // p["batch"]), "int32", block_table)},
+                           values_of(case), p["head_dim"])
 
     def gather_pages(self, case: Case, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The logical contiguous cache ``(batch, seqlen_kv, heads_kv, head_dim)`` k and v of a paged case."""

@@ -90,19 +90,33 @@ class ValueTable:
 
     dtype: str                      # numpy dtype name ("float32", "bfloat16", "float8_e4m3fn", ...)
     divide: float = 1.0
+    #: multiplies the float32 values before the divide and the cast (a value range's std, a power of two: exact)
+    scale: float = 1.0
 
     @property
     def name(self) -> str:
         extra = "" if self.divide == 1.0 else f",divide={self.divide!r}"
+        extra += "" if self.scale == 1.0 else f",scale={self.scale!r}"
         return f"uniform[{self.dtype}{extra}]"
 
-    def values_of(self, lanes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The values of 16-bit ``lanes`` (uint16), elementwise: the table's definition, and the host's way
-        of drawing (written into ``out`` when given, of the dtype)."""
+    def float32_of(self, lanes: np.ndarray) -> np.ndarray:
+        """The float32 values of 16-bit ``lanes`` before the cast to the dtype."""
         x = lanes.view(np.int16).astype(np.float32)
         np.multiply(x, np.float32(UNIT_SCALE), out=x)
+        if self.scale != 1.0:
+            np.multiply(x, np.float32(self.scale), out=x)
         if self.divide != 1.0:
             np.divide(x, np.float32(self.divide), out=x)
+        return x
+
+    def values_of(self, lanes: np.ndarray, out: np.ndarray | None = None,
+                  pattern: Pattern | None = None, start: int = 0) -> np.ndarray:
+        """The values of 16-bit ``lanes`` (uint16), elementwise: the table's definition, and the host's way
+        of drawing (written into ``out`` when given, of the dtype). ``pattern``: the position-dependent part of
+        a value range, for the elements numbered from ``start``."""
+        x = self.float32_of(lanes)
+        if pattern is not None:
+            pattern.apply(x, start)
         dtype = np_dtype(self.dtype)
         if out is None:
             return x.astype(dtype)
@@ -129,14 +143,51 @@ def _table_values(table: ValueTable) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Pattern:
+    """The position-dependent part of a value range: the float32 values of chosen elements multiplied by
+    ``factor`` (0 zeroes them) before the cast. ``axis`` ``"channel"`` chooses the elements whose last index
+    ``c`` (head_dim) has ``c % every == offset``; ``"token"`` the whole vectors (every head of one token row:
+    ``inner`` elements, the product of the last two dimensions) whose row number ``r`` has
+    ``r % every == offset``. Element positions are flat C-order indices, so any range of elements is computed
+    without the others, as the generator's values are."""
+
+    axis: str                      # "channel" or "token"
+    every: int
+    offset: int
+    factor: float
+    inner: int                     # elements per token row (heads x head_dim)
+    head_dim: int
+
+    def chosen(self, start: int, stop: int) -> np.ndarray:
+        idx = np.arange(start, stop, dtype=np.int64)
+        where = idx % self.head_dim if self.axis == "channel" else idx // self.inner
+        return where % self.every == self.offset
+
+    def apply(self, x: np.ndarray, start: int) -> None:
+        """Multiply, in place, the chosen elements of ``x`` (float32, elements ``start`` on)."""
+        sel = self.chosen(start, start + x.size)
+        x[sel] *= np.float32(self.factor)
+
+
+def _on_host(rng: np.random.Generator) -> np.ndarray:  # pragma: no cover - never called
+    raise AssertionError("a patterned input is drawn by kbench.ops.inputs.generate, not by its host hook")
+
+
+@dataclass(frozen=True)
 class InputSpec:
     """One input of a case: drawn from ``table`` by the counter-based generator, or made on the host by
-    ``host(rng)`` (small structural arrays: offsets, page tables)."""
+    ``host(rng)`` (small structural arrays: offsets, page tables).
+
+    ``pattern`` (a value range's position-dependent part): drawn from ``table`` and changed by position on the
+    host; such a spec also carries ``host`` (a marker), which tells a device that gathers from the table on its
+    own (``kbench_cuda``) to draw it on the host instead (its ``generate`` falls back to the host for any spec
+    with ``host``)."""
 
     shape: tuple[int, ...]
     dtype: str
     table: ValueTable | None = None
     host: Callable[[np.random.Generator], np.ndarray] | None = None
+    pattern: Pattern | None = None
 
     @property
     def size(self) -> int:
@@ -154,6 +205,141 @@ def unit_variance(shape: tuple[int, ...], dtype: str, *, divide: float = 1.0) ->
 
 def structural(shape: tuple[int, ...], dtype: str, make: Callable[[np.random.Generator], np.ndarray]) -> InputSpec:
     return InputSpec(tuple(int(n) for n in shape), dtype, host=make)
+
+
+# --------------------------------------------------------------------------------------------
+# value ranges: what the inputs' values look like (a case's ``values`` parameter)
+
+
+#: the value range of a case that does not name one: today's inputs (mean 0, variance 1), its id and keys unchanged
+DEFAULT_VALUES = "unit"
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """How a case's q, k and v depart from unit variance (docs/fuzz.md, "Value ranges").
+
+    ``scale``: per role (q, k, v) a factor of every element (a power of two: exact, kept in the value table so a
+    device draws it itself); ``patterns``: per role the position-dependent part (:class:`Pattern` minus the
+    shape), as ``(axis, every, offset, factor)``. Other inputs (a backward's ``do``, structural ones) are left as
+    they are."""
+
+    name: str
+    scale: Mapping[str, float]
+    patterns: Mapping[str, tuple[str, int, int, float]]
+    description: str
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def factor(self, role: str) -> float:
+        """The largest factor any element of input ``role`` gets (at least 1)."""
+        pattern = self.patterns.get(role)
+        return max(1.0, self.scale.get(role, 1.0) * max(1.0, pattern[3] if pattern else 1.0))
+
+    @property
+    def score_scale(self) -> float:
+        """How many times larger than unit inputs' the largest scores get: softmax's sensitivity to an error in a
+        score grows with the score, so an honest kernel's error (a float32 accumulation of ``q . k``) grows with it."""
+        return self.factor("q") * self.factor("k")
+
+    @property
+    def gentle(self) -> bool:
+        """Whether the scores stay those of unit inputs or smaller (the backward is drawn only with these)."""
+        return self.score_scale <= 1.0
+
+
+def _range(name: str, description: str, scale: Mapping[str, float] | None = None,
+           patterns: Mapping[str, tuple[str, int, int, float]] | None = None) -> ValueRange:
+    return ValueRange(name, dict(scale or {}), dict(patterns or {}), description)
+
+
+#: the named value ranges (``std:S`` is the family of plain scales); each reference is the float64 attention of the
+#: drawn inputs (exact: tests/test_fuzz_values.py), each bound the case's dtype bound
+VALUE_RANGES: dict[str, ValueRange] = {r.name: r for r in (
+    _range("unit", "mean 0, variance 1 (uniform on [-1.73, 1.73]): scores of std 1"),
+    _range("large_scores", "q and k 16x (std 16): scores of std 256, far past where exp overflows without the "
+           "row max subtracted (fp16 at 11, fp32/bf16 at 88) and Q K^T before scaling within a factor of "
+           "about 3 of fp16's largest value (65,504) at head_dim 256",
+           scale={"q": 16.0, "k": 16.0}),
+    _range("outlier_channels", "q, k and v 8x on the channels c % 16 == 3 (every head): a few channels "
+           "dominate the scores and the output, as in LLM activations",
+           patterns={n: ("channel", 16, 3, 8.0) for n in ("q", "k", "v")}),
+    _range("outlier_tokens", "k and v 16x on the token rows r % 61 == 0 (the first, an attention sink, and "
+           "every 61st): a few keys take most of the weight and carry large values",
+           patterns={n: ("token", 61, 0, 16.0) for n in ("k", "v")}),
+    _range("constant_rows", "q zero on the token rows r % 3 == 1: those score rows are constant, their output "
+           "the mean of the values the row sees (a closed form)",
+           patterns={"q": ("token", 3, 1, 0.0)}),
+    _range("one_hot", "k 32x on the token rows r % 16 == 5: a row that sees such a key puts all but about "
+           "1e-10 of its weight on one key, the others as good as masked",
+           patterns={"k": ("token", 16, 5, 32.0)}),
+)}
+#: the range of ``std:S`` (S a power of two, so the scaling is exact)
+STD_RANGE = (2.0 ** -6, 2.0 ** 4)
+#: which role each input name plays (a paged cache's pools are k and v)
+ROLES = {"q": "q", "k": "k", "v": "v", "k_pages": "k", "v_pages": "v"}
+
+
+def value_range(name: Any) -> ValueRange:
+    """The value range called ``name`` (one of :data:`VALUE_RANGES` or ``std:S``); ValueError says what is known."""
+    text = str(name).strip()
+    if text in VALUE_RANGES:
+        return VALUE_RANGES[text]
+    if text.startswith("std:"):
+        try:
+            s = float(text[4:])
+        except ValueError:
+            s = float("nan")
+        lo, hi = STD_RANGE
+        if not (lo <= s <= hi) or math.frexp(s)[0] != 0.5:
+            raise ValueError(f"value range {text!r}: S of std:S must be a power of two from {lo:g} to {hi:g} "
+                             f"(an exact scaling), e.g. std:4 or std:0.25")
+        if s == 1.0:
+            return VALUE_RANGES[DEFAULT_VALUES]
+        return _range(f"std:{s:g}", f"q, k and v of std {s:g}", scale={n: s for n in ("q", "k", "v")})
+    raise ValueError(f"unknown value range {text!r}; known: {', '.join(VALUE_RANGES)}, std:S (S a power of two "
+                     f"from {STD_RANGE[0]:g} to {STD_RANGE[1]:g})")
+
+
+#: the relative L2 bound that a float32 accumulation of unit-scale scores keeps (DType fp32's)
+SCORE_BOUND = 1e-5
+
+
+def values_bound(case: Any, bound: float) -> float:
+    """The bound of a case's output given its dtype's ``bound``: the same, or ``SCORE_BOUND`` times the value range's
+    score scale when that is larger (``large_scores``: 2.56e-3 for fp32 and fp16, bf16's 1e-2 unchanged)."""
+    values = values_of(case)
+    if values == DEFAULT_VALUES:
+        return bound
+    return max(bound, SCORE_BOUND * value_range(values).score_scale)
+
+
+def values_of(case: Any) -> str:
+    """A case's value range name (``unit`` when it names none)."""
+    params = getattr(case, "params", case)
+    return str(params.get("values", DEFAULT_VALUES))
+
+
+def with_values(specs: dict[str, InputSpec], values: str, head_dim: int) -> dict[str, InputSpec]:
+    """``specs`` (unit variance) drawn from the value range ``values`` instead; ``unit`` returns them unchanged."""
+    if values == DEFAULT_VALUES:
+        return specs
+    vr = value_range(values)
+    out = dict(specs)
+    for name, spec in specs.items():
+        role = ROLES.get(name)
+        if role is None or spec.table is None:
+            continue
+        table = spec.table
+        if role in vr.scale:
+            table = ValueTable(table.dtype, table.divide, table.scale * vr.scale[role])
+        pattern = None
+        if role in vr.patterns:
+            axis, every, offset, factor = vr.patterns[role]
+            pattern = Pattern(axis, every, offset, factor, inner=math.prod(spec.shape[-2:]), head_dim=head_dim)
+        out[name] = InputSpec(spec.shape, spec.dtype, table, _on_host if pattern else None, pattern)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,7 +401,7 @@ class HostInputCache:
 
     @staticmethod
     def ident(spec: InputSpec, key: tuple[int, int], stream: int) -> tuple:
-        return (int(key[0]), int(key[1]), int(stream), spec.shape, spec.dtype, spec.table)
+        return (int(key[0]), int(key[1]), int(stream), spec.shape, spec.dtype, spec.table, spec.pattern)
 
     def get(self, ident: tuple) -> np.ndarray | None:
         if not self.enabled:
@@ -267,7 +453,7 @@ def generate(spec: InputSpec, key: tuple[int, int], stream: int, out: np.ndarray
     """Input ``stream`` of a case on the host, whole, into ``out`` when given (any C-contiguous array).
     Table-drawn inputs go through :data:`CACHE`; the array returned without ``out`` is the caller's own."""
     dtype = np_dtype(spec.dtype)
-    if spec.host is None:
+    if spec.table is not None:
         ident = CACHE.ident(spec, key, stream)
         cached = CACHE.get(ident)
         if cached is not None:
@@ -294,13 +480,13 @@ def _draw(spec: InputSpec, key: tuple[int, int], stream: int, out: np.ndarray | 
     size = spec.size
     for lo in range(0, size, chunk):
         hi = min(size, lo + chunk)
-        spec.table.values_of(lanes(key, stream, lo, hi), out=flat[lo:hi])
+        spec.table.values_of(lanes(key, stream, lo, hi), out=flat[lo:hi], pattern=spec.pattern, start=lo)
     return out
 
 
 def generate_range(spec: InputSpec, key: tuple[int, int], stream: int, start: int, stop: int) -> np.ndarray:
     """Elements [start, stop) (flat, C order) of a table-drawn input, without the others."""
-    return spec.table.values_of(lanes(key, stream, start, stop))
+    return spec.table.values_of(lanes(key, stream, start, stop), pattern=spec.pattern, start=start)
 
 
 def generate_all(specs: Mapping[str, InputSpec], key: tuple[int, int]) -> dict[str, np.ndarray]:

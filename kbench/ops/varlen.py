@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kbench.ops import Case, CaseError, Op, Param
-from kbench.ops.inputs import InputSpec, structural, unit_variance
+from kbench.ops.inputs import InputSpec, structural, unit_variance, values_of, with_values
 from kbench.ops.attention import AttentionOp, attention_float64, plugin_reference, softmax_scale
 
 #: shape parameter of the lognormal distribution (of log-length); its mean is set from ``seqlen_mean``
@@ -119,6 +119,7 @@ class VarlenAttentionOp(Op):
     list_params = frozenset({"seqlens_q", "seqlens_kv"})  # in a suite, [512, 1024] is one case's lengths
     default_from = {"heads_kv": "heads_q"}  # MHA unless heads_kv is given
     input_names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv")
+    takes_values = True
 
     # -- parameters and cases ------------------------------------------------------------------
 
@@ -206,11 +207,12 @@ class VarlenAttentionOp(Op):
         q_lens, kv_lens = self.lengths(case)
         dt = case.dtype.numpy.name
         cu_q, cu_kv = cumulative(q_lens), cumulative(kv_lens)
-        return {"q": unit_variance((sum(q_lens), p["heads_q"], p["head_dim"]), dt),
-                "k": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
-                "v": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
-                "cu_seqlens_q": structural(cu_q.shape, cu_q.dtype.name, lambda rng: cu_q),
-                "cu_seqlens_kv": structural(cu_kv.shape, cu_kv.dtype.name, lambda rng: cu_kv)}
+        return with_values({"q": unit_variance((sum(q_lens), p["heads_q"], p["head_dim"]), dt),
+                            "k": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
+                            "v": unit_variance((sum(kv_lens), p["heads_kv"], p["head_dim"]), dt),
+                            "cu_seqlens_q": structural(cu_q.shape, cu_q.dtype.name, lambda rng: cu_q),
+                            "cu_seqlens_kv": structural(cu_kv.shape, cu_kv.dtype.name, lambda rng: cu_kv)},
+                           values_of(case), p["head_dim"])
 
     def output_shape(self, case: Case) -> tuple[int, ...]:
         q_lens, _ = self.lengths(case)

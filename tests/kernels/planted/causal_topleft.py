@@ -1,4 +1,4 @@
-"""Planted bug (kbench fuzz, issue 36): the causal mask aligned top-left (key j visible from query row i iff
+"""Planted bug (kbench fuzz, shapes): the causal mask aligned top-left (key j visible from query row i iff
 j <= i) instead of bottom-right (j <= i + seqlen_kv - seqlen_q). Exact whenever seqlen_q == seqlen_kv."""
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Planted bug (kbench fuzz, issue 36): grouped-query heads mapped with the wrong index, query head h reading
+"""Planted bug (kbench fuzz, shapes): grouped-query heads mapped with the wrong index, query head h reading
 key/value head ``h % heads_kv`` instead of ``h // (heads_q // heads_kv)``. Exact for MHA (heads_kv == heads_q)
 and MQA (heads_kv == 1), wrong for every real grouping in between."""
 import numpy as np

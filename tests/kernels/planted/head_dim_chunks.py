@@ -1,4 +1,4 @@
-"""Planted bug (kbench fuzz, issue 36): Q K^T summed over head_dim in chunks of 32, the remainder chunk
+"""Planted bug (kbench fuzz, shapes): Q K^T summed over head_dim in chunks of 32, the remainder chunk
 skipped, so head_dim % 32 != 0 loses part of every score (head_dim < 32 loses all of it). Exact on 32, 64, 128."""
 import numpy as np
 

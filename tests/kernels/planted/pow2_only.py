@@ -1,4 +1,4 @@
-"""Planted bug (kbench fuzz, issue 36): exact only when seqlen_kv is a power of two.
+"""Planted bug (kbench fuzz, shapes): exact only when seqlen_kv is a power of two.
 
 The softmax partials of the keys are merged by a pairwise tree (``merge(left half, right half)``), and each
 level splits ``n`` keys into two halves of ``n // 2``: an odd count loses its last key at that level.

@@ -1,4 +1,4 @@
-"""Planted bug (kbench fuzz, issue 36): key blocks of 64, the tail block dropped when seqlen_kv % 64 != 0.
+"""Planted bug (kbench fuzz, shapes): key blocks of 64, the tail block dropped when seqlen_kv % 64 != 0.
 
 Blockwise online softmax over keys, as a FlashAttention kernel walks its tiles; the loop bound is
 ``seqlen_kv // 64`` blocks, so the last ``seqlen_kv % 64`` keys are never read. Exact on 64, 128, 256...

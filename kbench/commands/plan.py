@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.tables import FORMATS, render
 
 RANK_BY = ("dollar", "device", "joule", "output")
@@ -32,14 +34,14 @@ RANK_BY = ("dollar", "device", "joule", "output")
 @click.option("--isl", type=click.IntRange(min=1), help="Input tokens per request: a one-class workload (with --osl).")
 @click.option("--osl", type=click.IntRange(min=1), help="Output tokens per request (with --isl).")
 @click.option("--slo", "slo", metavar="ttft=T,tpot=T", help="Override the workload's SLOs, e.g. ttft=2s,tpot=50ms.")
-@click.option("--attainment", type=click.FloatRange(0.01, 1.0), help="Fraction of requests that must meet the SLO "
+@click.option("--attainment", type=Finite(0.01, 1.0), help="Fraction of requests that must meet the SLO "
               "(default: the workload's, usually 0.9).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--rate", type=Finite(min=0, min_open=True),
               help="Requests per second (default: the workload's; a trace's own rate).")
 @click.option("--arrivals", metavar="poisson|gamma:CV|trace:PATH",
               help="Arrival process: Poisson, Gamma gaps with coefficient of variation CV, or a replayed trace "
                    "(CSV/JSON lines of arrival, input, output).")
-@click.option("--prefix-cache", type=click.FloatRange(0.0, 0.999), help="Fraction of each prompt found in the "
+@click.option("--prefix-cache", type=Finite(0.0, 0.999), help="Fraction of each prompt found in the "
               "prefix cache (shared context), overriding the workload's.")
 @click.option("--turns", type=click.IntRange(1, 1000), help="Requests per conversation; later turns carry the "
               "earlier ones as cached context.")
@@ -59,14 +61,14 @@ RANK_BY = ("dollar", "device", "joule", "output")
               "each plan serves within the SLO on at most N devices (instead of pools sized for --rate).")
 @click.option("--weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
-@click.option("--compute-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--compute-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of the datasheet matmul peak a large GEMM reaches (where nothing was measured; "
                    "the shaped step model lowers it for small GEMMs).")
-@click.option("--bandwidth-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--bandwidth-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of the datasheet memory bandwidth (where nothing was measured).")
-@click.option("--link-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--link-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of an interconnect's bandwidth a KV transfer or an all-reduce reaches.")
-@click.option("--usable", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True,
+@click.option("--usable", type=Finite(0.05, 1.0), default=0.9, show_default=True,
               help="Fraction of device memory for weights and KV cache.")
 @click.option("--tp", "tp", metavar="N[,N]", help="Tensor-parallel degrees to try per instance (default 1,2,4,8; "
               "1 on CPUs).")
@@ -390,7 +392,9 @@ def _plots(o, model, workload, planner, plans, ranked, n_sim):
     plot_dir = o["plot_dir"]
     if plot_dir is None:
         return
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    from kbench.outputs import check_output_dir
+
+    check_output_dir(plot_dir, option="--plots")
     title = f"{model.title}, {workload.title}"
     path = plot_pareto(ranked if n_sim else plans, planner.shares, str(plot_dir / "plan-pareto.png"),
                        title=f"{title}: plans meeting the SLO")

@@ -6,18 +6,11 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.hints import traceback_hint
 from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
-
-
-def _finite_seconds(ctx, param, value):
-    """A finite number of seconds: click's FloatRange lets ``nan`` (every comparison is false) and ``inf`` by."""
-    import math
-
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds; give a finite number, e.g. 60")
-    return value
 
 
 def _is_kernel_file(pattern: str) -> bool:
@@ -38,7 +31,7 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="Run trusted backends in a worker process (--no-isolate: in this process, for debugging). "
                    "Untrusted backends and kernel files always run in sandboxed workers.")
-@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", callback=_finite_seconds,
+@click.option("--case-timeout", type=Finite(min=0, min_open=True, max=7 * 86400), metavar="SECONDS",
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")

@@ -29,6 +29,50 @@ def error(status: int, message: str, code: str | None = None) -> tuple[int, dict
     return status, {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
 
 
+def drip(seconds_per_byte: float = 2.0, size: int = 10_000):
+    """A provider that sends its headers at once, then the body one byte every ``seconds_per_byte`` (never a
+    read timeout, a body that would take hours)."""
+    import time
+
+    def respond(handler) -> None:
+        body = json.dumps(reply("GIVE UP: slow")[1]).encode().ljust(size)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        try:
+            for i in range(len(body)):
+                handler.wfile.write(body[i:i + 1])
+                handler.wfile.flush()
+                time.sleep(seconds_per_byte)
+        except OSError:  # the client hung up: what a deadline does
+            pass
+
+    return respond
+
+
+def huge(size: int = 80 * 2**20):
+    """A provider whose reply is ``size`` bytes (a reply whose content is mostly one long string)."""
+    def respond(handler) -> None:
+        head = json.dumps(reply("x")[1]).encode()
+        cut = head.index(b'"x"') + 1
+        filler = b"y" * (size - len(head))
+        body_len = len(head) + len(filler)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(body_len))
+        handler.end_headers()
+        try:
+            handler.wfile.write(head[:cut + 1])
+            for start in range(0, len(filler), 1 << 20):
+                handler.wfile.write(filler[start:start + (1 << 20)])
+            handler.wfile.write(head[cut + 1:])
+        except OSError:
+            pass
+
+    return respond
+
+
 CONTEXT_OVERFLOW = error(400, "This model's maximum context length is 8192 tokens. However, your messages "
                               "resulted in 9100 tokens. Please reduce the length of the messages.",
                          "context_length_exceeded")
@@ -53,7 +97,11 @@ class ScriptedOpenAI:
                 elif not server.script:
                     status, payload = error(500, "the test script is exhausted")
                 else:
-                    status, payload = server.script.pop(0)
+                    item = server.script.pop(0)
+                    if callable(item):  # a misbehaving provider: writes its own response
+                        item(self)
+                        return
+                    status, payload = item
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -194,7 +194,7 @@ def _cost(value: Any) -> float | None:
 #: the envelope around it fit well within)
 REPLY_BYTES = 16 * 2**20
 #: seconds past the deadline the caller waits for the call's thread before it stops waiting
-DEADLINE_SLACK = 1.0
+DEADLINE_SLACK = 0.25
 
 _current = threading.local()  # the deadline and byte limit of the call made in this thread
 
@@ -271,6 +271,10 @@ def call_with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], seconds: 
         try:
             box["value"] = fn(**kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            if time.monotonic() >= deadline:  # the read stopped at the deadline: say so, whatever wrapped it
+                late = CallDeadline(f"no whole reply within the call's deadline of {seconds:g} s (--llm-timeout)")
+                late.__cause__ = exc
+                exc = late
             box["error"] = exc
 
     thread = threading.Thread(target=run, name="kbench-evolve-model-call", daemon=True)
@@ -476,7 +480,9 @@ def _reply_text(reply: dict[str, Any]) -> str:
 
 
 def _short(exc: Any, n: int = 200) -> str:
-    return " ".join(str(exc).split())[:n]
+    """An error's message on one line, without a traceback a library put inside it (litellm quotes one)."""
+    text = str(exc).split("Traceback (most recent call last)")[0]
+    return " ".join(text.split())[:n]
 
 
 def tool_schema(name: str, description: str, properties: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,22 +53,24 @@ def drip(seconds_per_byte: float = 2.0, size: int = 10_000):
 
 
 def huge(size: int = 80 * 2**20):
-    """A provider whose reply is ``size`` bytes (a reply whose content is mostly one long string)."""
+    """A provider whose reply is ``size`` bytes (its content mostly one long string), sent in 1 MiB pieces made
+    once (the server itself never holds the whole body)."""
     def respond(handler) -> None:
         head = json.dumps(reply("x")[1]).encode()
-        cut = head.index(b'"x"') + 1
-        filler = b"y" * (size - len(head))
-        body_len = len(head) + len(filler)
+        cut = head.index(b'"x"') + 2  # inside the content string, after its "x"
+        piece = b"y" * (1 << 20)
+        filler = size - len(head)
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(body_len))
+        handler.send_header("Content-Length", str(len(head) + filler))
         handler.end_headers()
         try:
-            handler.wfile.write(head[:cut + 1])
-            for start in range(0, len(filler), 1 << 20):
-                handler.wfile.write(filler[start:start + (1 << 20)])
-            handler.wfile.write(head[cut + 1:])
-        except OSError:
+            handler.wfile.write(head[:cut])
+            while filler > 0:
+                handler.wfile.write(piece[:filler])
+                filler -= len(piece)
+            handler.wfile.write(head[cut:])
+        except OSError:  # the client stopped reading: what the bound does
             pass
 
     return respond
@@ -83,12 +86,14 @@ class ScriptedOpenAI:
         self.script = list(script)
         self.reject = reject
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request's arrival (its body read)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 server.requests.append(body)
+                server.arrivals.append(time.monotonic())
                 if not self.path.endswith("/chat/completions"):
                     status, payload = error(404, f"no route {self.path}")
                 elif body.get("model") in server.reject:

@@ -415,3 +415,17 @@ def test_a_caller_killed_with_sigkill_leaves_no_process_of_its_callable(tmp_path
     while _alive(left) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(left), f"the setsid process the callable left ({left}) outlived its killed caller"
+
+
+def test_held_out_verdicts_hide_the_shape_as_failures_does_unless_shown():
+    from kbench.fuzz.heldout import HeldOut
+    from kbench.measurement import Measurement
+
+    secret = "attention[b=3,sq=77,sk=77,hq=6,hkv=2,d=48,causal,fp32]"
+    verdict = HeldOut("k", checked=8, failure=(secret, "failed", f"bad at {secret}", 0.5, 1e-5), cases=[secret])
+    hidden = Measurement([], ["k"], None, None, "cpu", held_out_verdicts={"k": verdict})
+    assert secret not in repr(hidden.held_out) and secret not in str(hidden.failures())
+    assert hidden.held_out["k"].failure[0] == "(hidden)" and hidden.held_out["k"].cases == []
+    assert not hidden.held_out["k"].passed and "relative L2 error 0.5" in hidden.held_out["k"].reason(True)
+    shown = Measurement([], ["k"], None, None, "cpu", held_out_verdicts={"k": verdict}, show_held_out=True)
+    assert shown.held_out["k"].failure[0] == secret and secret in shown.failures()["k @ (held-out)"]

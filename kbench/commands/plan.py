@@ -296,7 +296,7 @@ def _emit_text(o, model, workload, assume, planner, planner_for, plans, screened
     from kbench.plan.report import table_headers, table_rows
 
     fmt, shares = o["fmt"], planner.shares
-    click.echo(_title(o, model, workload) + "\n")
+    click.echo(_title(o, model, workload, plans) + "\n")
     if sim_note:
         click.echo(sim_note + "\n")
     if not meeting:
@@ -333,7 +333,7 @@ def _emit_text(o, model, workload, assume, planner, planner_for, plans, screened
     _emit_inputs(o, assume, planner, planner_for, screened)
 
 
-def _title(o, model, workload) -> str:
+def _title(o, model, workload, plans=()) -> str:
     mix = ", ".join(f"{c.share:.0%} {c.input:,} in / {c.output:,} out" for c in workload.mix[:6])
     if len(workload.mix) > 6:
         mix += f", ... ({len(workload.mix)} classes)"
@@ -346,7 +346,7 @@ def _title(o, model, workload) -> str:
     return (f"{model.title} on {workload.title}: {sizing} ({mix}); {workload.arrivals.label}"
             f"{'; ' + '; '.join(extra) if extra else ''}; SLO TTFT <= {workload.slo.ttft:g} s, TPOT <= "
             f"{workload.slo.tpot * 1e3:g} ms for {workload.attainment:.0%} of requests; weights {o['weights']}, "
-            f"KV {o['kv']}; step model {o['step_model']}; ranked by {_rank_name(o['rank_by'])}")
+            f"KV {o['kv']}; step model {o['step_model']}; ranked by {_rank_text(o['rank_by'], plans)}")
 
 
 def _emit_simulated_notes(o, workload, screened, search, shares):
@@ -420,6 +420,17 @@ def _degrees(text: str | None, option: str, error) -> list[int] | None:
 
 def _rank_name(by: str) -> str:
     return "output tokens per second per device" if by == "output" else f"goodput per {by}"
+
+
+def _rank_text(by: str, plans) -> str:
+    """What the plans are ranked by, said truly: goodput per dollar (or joule) with no price (or power figure) on
+    any plan ranks by the tie-break, the fewest devices meeting the SLO."""
+    if by in ("dollar", "joule") and plans and all(p.metric(by) is None for p in plans):
+        what, fix = (("price", "--price NAME=USD per device-hour") if by == "dollar"
+                     else ("power figure", "a power_w in a --hardware-file profile"))
+        return (f"the fewest devices meeting the SLO: {_rank_name(by)} was asked, but no hardware here has a {what} "
+                f"(every {'$' if by == 'dollar' else 'energy'} column is \"-\"; give {fix})")
+    return _rank_name(by)
 
 
 def _sim_key(p, by: str) -> tuple:

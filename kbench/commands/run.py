@@ -197,7 +197,8 @@ HEARTBEAT = 30.0
 class _ProgressLines:
     """``on_record`` writing one flushed line per finished record to ``stream``, for a log (`kbench run ... > log`,
     CI, nohup): ``[ 12/84 1:05] numpy-flash attention[...] passed 1.2 ms``, a failure with its reason; and after
-    :data:`HEARTBEAT` seconds without one, ``[ 12/84 2:05] still measuring (60 s since the last record)``."""
+    :data:`HEARTBEAT` seconds without one, ``[ 12/84 2:05] still measuring (60 s since the last record)``. Skipped
+    records get no line each: one line per skipped backend, with the count and the reason, when the run ends."""
 
     def __init__(self, stream, total: int) -> None:
         import threading
@@ -206,6 +207,9 @@ class _ProgressLines:
         self.stream, self.total, self.width = stream, total, len(str(total))
         self.start = self.last_record = self.last_line = time.monotonic()
         self.done, self.lock, self.stopped = 0, threading.Lock(), threading.Event()
+        from kbench.tables import SkippedTally
+
+        self.skipped = SkippedTally()
         threading.Thread(target=self._beat, name="kbench-progress", daemon=True).start()
 
     def _write(self, text: str) -> None:
@@ -225,7 +229,11 @@ class _ProgressLines:
 
         r = Record.of(rec)
         self.done, self.total = i, n
-        self.last_record = self.last_line = time.monotonic()
+        self.last_record = time.monotonic()
+        if r.status == "skipped":  # counted, summed up per backend at the end
+            self.skipped.add(safe_text(str(rec.get("backend"))), safe_text(str(r.reason or "no reason"))[:200])
+            return
+        self.last_line = self.last_record
         what = f"passed {fmt_time(r.median)}".rstrip() if r.passed else safe_text(r.status_text)[:200]
         self._write(f"{safe_text(str(rec.get('backend')))} {safe_text(str(rec.get('case_id')))} {what}")
 
@@ -239,7 +247,10 @@ class _ProgressLines:
                 self._write(f"still measuring ({int(now - self.last_record)} s since the last record)")
 
     def stop(self) -> None:
-        self.stopped.set()
+        if not self.stopped.is_set():
+            self.stopped.set()
+            for line in self.skipped.lines():
+                self._write(line)
 
 
 def _progress_lines(stream, total: int) -> _ProgressLines:

@@ -209,6 +209,8 @@ def test_the_hostile_writers_script_replaces_nothing_and_prints_no_traceback():
     ["roofline", "--usable", "nan"],
     ["evolve", "run", "x", "--max-time", "nan"],
     ["evolve", "run", "x", "--llm-timeout", "-inf"],
+    ["plan", "--model", "llama-3.1-8b", "--isl", "1" + "0" * 400, "--osl", "64"],
+    ["evolve", "run", "x", "--max-tokens", "1" + "0" * 400],
 ])
 def test_numeric_options_refuse_nan_and_infinity_with_exit_2(argv, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -31,8 +31,8 @@ RANK_BY = ("dollar", "device", "joule", "output")
                    "splitwise-conversation, or one from --workload-file (or give --isl/--osl, or --arrivals trace:).")
 @click.option("--workload-file", "workload_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of workloads (format of kbench/data/workloads.yaml).")
-@click.option("--isl", type=click.IntRange(min=1), help="Input tokens per request: a one-class workload (with --osl).")
-@click.option("--osl", type=click.IntRange(min=1), help="Output tokens per request (with --isl).")
+@click.option("--isl", type=click.IntRange(min=1, max=10**8), help="Input tokens per request: a one-class workload (with --osl).")
+@click.option("--osl", type=click.IntRange(min=1, max=10**8), help="Output tokens per request (with --isl).")
 @click.option("--slo", "slo", metavar="ttft=T,tpot=T", help="Override the workload's SLOs, e.g. ttft=2s,tpot=50ms.")
 @click.option("--attainment", type=Finite(0.01, 1.0), help="Fraction of requests that must meet the SLO "
               "(default: the workload's, usually 0.9).")
@@ -57,7 +57,7 @@ RANK_BY = ("dollar", "device", "joule", "output")
               help="YAML file of interconnect profiles (format of kbench/data/interconnects.yaml).")
 @click.option("--rank-by", type=click.Choice(RANK_BY), default="dollar", show_default=True,
               help="Goodput per dollar, per device or per joule, or output tokens per second per device.")
-@click.option("--devices", type=click.IntRange(min=1), help="A fixed cluster of N devices: find the highest rate "
+@click.option("--devices", type=click.IntRange(min=1, max=10**6), help="A fixed cluster of N devices: find the highest rate "
               "each plan serves within the SLO on at most N devices (instead of pools sized for --rate).")
 @click.option("--weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
@@ -73,17 +73,17 @@ RANK_BY = ("dollar", "device", "joule", "output")
 @click.option("--tp", "tp", metavar="N[,N]", help="Tensor-parallel degrees to try per instance (default 1,2,4,8; "
               "1 on CPUs).")
 @click.option("--pp", "pp", metavar="N[,N]", help="Pipeline-parallel degrees to try (default 1), e.g. 1,2.")
-@click.option("--chunk", type=click.IntRange(min=16), default=8192, show_default=True,
+@click.option("--chunk", type=click.IntRange(min=16, max=10**8), default=8192, show_default=True,
               help="Tokens per iteration (decode tokens plus prompt chunks): the scheduler's token budget.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--max-batch", type=click.IntRange(min=1, max=10**6), default=512, show_default=True,
               help="Most requests an instance's scheduler runs at once.")
-@click.option("--simulate", "n_sim", type=click.IntRange(min=0), default=4, show_default=True,
+@click.option("--simulate", "n_sim", type=click.IntRange(min=0, max=10**4), default=4, show_default=True,
               help="Simulate the screen's best N choices (0: the mean-value screen alone).")
 @click.option("--requests", type=click.IntRange(min=100, max=200_000), default=4000, show_default=True,
               help="Requests per whole-plan simulation at least (more where 10 request lifetimes need more; the "
                    "search for one instance's rate uses up to 1,500).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals and lengths.")
-@click.option("--top", type=click.IntRange(min=0), default=12, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True, help="Seed of the simulated arrivals and lengths.")
+@click.option("--top", type=click.IntRange(min=0, max=10**6), default=12, show_default=True,
               help="Plans to print (0: all).")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write plan-pareto.png (cost vs TTFT and TPOT, Pareto front) and plan-latency.png (simulated "

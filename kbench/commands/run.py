@@ -35,7 +35,7 @@ def _is_kernel_file(pattern: str) -> bool:
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
-@click.option("--max-cases", type=click.IntRange(min=1), default=MAX_CASES, show_default=True,
+@click.option("--max-cases", type=click.IntRange(min=1, max=10**9), default=MAX_CASES, show_default=True,
               help="Refuse a grid of more cases than this before expanding it.")
 @click.option("--force", is_flag=True, help="Overwrite the -o file if it exists (otherwise refused).")
 @click.option("--allow-different-machine", is_flag=True,

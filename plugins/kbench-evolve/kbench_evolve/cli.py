@@ -186,7 +186,7 @@ def _budget_overrides(**kw):
 @click.option("--address", metavar="ADDR", help="The cluster for --executor ray (docs/scale-out.md).")
 @click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
               help="An executor setting for screening runs, e.g. resource=gpu_slot (repeatable).")
-@click.option("--max-bench-per-variation", type=click.IntRange(1), default=None,
+@click.option("--max-bench-per-variation", type=click.IntRange(1, 10**6), default=None,
               help="kbench runs the agent's tools may start in one variation (a submit counts its rounds) "
                    "[default: the larger of 8 and --max-steps]; without --max-bench-calls the run's cap is "
                    "--iterations times this.")

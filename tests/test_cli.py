@@ -127,7 +127,7 @@ def test_a_run_whose_stdout_is_not_a_terminal_prints_a_line_per_record_before_th
 
 @pytest.mark.slow
 def test_a_run_into_a_pipe_prints_a_line_per_record_while_it_runs(tmp_path):
-    """Issue 34: `kbench run ... > log` printed nothing until the end (525 s on a loaded machine)."""
+    """A log: `kbench run ... > log` once printed nothing until the end (525 s on a loaded machine)."""
     import subprocess
     import sys
     from pathlib import Path

@@ -510,7 +510,7 @@ def attention(q, k, v, out, *, causal, scale):
 
 @needs_sandbox
 def test_no_descriptor_of_the_arena_is_open_while_candidate_code_runs(tmp_path):
-    """Python 3.11's mmap kept a duplicate of the arena's descriptor (issue 33, item 7): a kernel found it in
+    """Python 3.11's mmap kept a duplicate of the arena's descriptor: a kernel found it in
     /proc/self/fd at import and in every call. Now the worker points it at /dev/null before candidate code."""
     from kbench.run.runner import run_suite
 

@@ -115,6 +115,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     "render_table": ("kbench.tables", "render"),
     "atomic_write_json": ("kbench.results", "atomic_write_json"),
     "atomic_write": ("kbench.outputs", "atomic_write"),  # atomic_write(path, lambda fh: fh.write(text))
+    "output_target": ("kbench.outputs", "output_target"),  # the one rule of output paths (regular file or new path)
+    "check_output_dir": ("kbench.outputs", "check_output_dir"),  # make a directory output, under the same rule
+    "FiniteOption": ("kbench.options", "Finite"),  # a click float option type that refuses nan and inf
     "MatmulSpec": ("kbench.calibrate", "MatmulSpec"),  # a device plugin's calibration_matmuls()
     "now_iso": ("kbench.results", "now_iso"),
     # reading files: the one reader's limits and messages (special files refused by type, size, depth,
@@ -184,7 +187,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from kbench.registry import KINDS, Registry, RegistrationWarning
     from kbench.source import parse_source
     from kbench.calibrate import MatmulSpec
-    from kbench.outputs import atomic_write
+    from kbench.options import Finite as FiniteOption
+    from kbench.outputs import atomic_write, check_output_dir, output_target
     from kbench.results import atomic_write_json, load_result, now_iso
     from kbench.run.runner import RunInterrupted, RunRequest, pick_device, plan_run, resume_request, run_suite
     from kbench.run.sandbox import is_secret

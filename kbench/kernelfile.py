@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +39,25 @@ from kbench.source import literal_globals
 from kbench.text import safe_text
 
 
+#: what a kernel file's NAME may hold: ASCII letters, digits and these marks; nothing that can look like another
+#: character (Cyrillic "р" in "numрy", a non-breaking hyphen in "numpy‑flash", fullwidth letters, spaces)
+NAME_CHARS = re.compile(r"[A-Za-z0-9_.:@\[\]=,-]+")
+
+
 def kernel_name(name: str, registry, path) -> str:
-    """A kernel file's backend name as recorded: escaped to safe text, refused when it collides with (or reads
-    as) a registered backend's name or holds brackets (the form of a configured backend's settings)."""
+    """A kernel file's backend name as recorded: escaped to safe text, refused when it is not plain ASCII
+    (:data:`NAME_CHARS`: a look-alike of another name), collides with (or reads as) a registered backend's name, or
+    holds brackets (the form of a configured backend's settings). The default ``file:<stem>`` is not held to the
+    character rule (its prefix keeps it apart from every registered name)."""
     shown = safe_text(str(name))
+    if str(name) != f"file:{Path(path).stem}" and not NAME_CHARS.fullmatch(str(name)):
+        odd = sorted({c for c in str(name) if not NAME_CHARS.fullmatch(c)})
+        where = ", ".join(f"'{safe_text(c)}' (U+{ord(c):04X})" for c in odd[:6])
+        raise BadInput(f"kernel file NAME '{shown}' holds characters other than ASCII letters, digits and "
+                       f"-_.:@[]=, : {where}; such a name can look like another (numрy with a Cyrillic р reads as "
+                       "numpy)", file=str(path), where="NAME",
+                       fix=f'write NAME in ASCII letters, digits and -_.:@[]=, (e.g. NAME = "my-kernel"), or leave '
+                           f'NAME out (the name is then "file:{Path(path).stem}")')
     if "[" in shown or "]" in shown:
         raise BadInput(f"kernel file NAME {shown!r} holds brackets, the form of a backend's settings "
                        "(name[key=value])", file=str(path), where="NAME",

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -99,10 +100,27 @@ class Measurement:
     result_file: Path | None = None
     #: the result file's header (machine, environment, suite, selection), as written
     header: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: backend name -> the held-out shapes' verdict (kbench.fuzz.heldout.HeldOut) of each kernel file measured
-    held_out: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: show the held-out shapes in ``failures`` (else only what went wrong)
+    #: backend name -> the held-out shapes' verdict (kbench.fuzz.heldout.HeldOut) of each kernel file measured, as
+    #: the checker gave it (shapes included): read it through :attr:`held_out`, which hides them like ``failures``
+    held_out_verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: show the held-out shapes in ``held_out`` and ``failures`` (else only what went wrong)
     show_held_out: bool = field(default=False, repr=False)
+
+    @property
+    def held_out(self) -> dict[str, Any]:
+        """backend name -> held-out verdict. Unless ``show_held_out``, the shapes are hidden here exactly as in
+        :meth:`failures`: no case id in the verdict's failure, no list of cases (a candidate's author, or a model
+        reading the verdict, learns that a hidden shape failed and how, never which)."""
+        if self.show_held_out:
+            return dict(self.held_out_verdicts)
+        out = {}
+        for name, verdict in self.held_out_verdicts.items():
+            failure = verdict.failure
+            if failure is not None:
+                case_id, status, why, rel_l2, bound = failure
+                failure = ("(hidden)", status, verdict.reason(False), rel_l2, bound)
+            out[name] = dataclasses.replace(verdict, failure=failure, cases=[])
+        return out
 
     # -- which records ------------------------------------------------------------------------------
 
@@ -138,7 +156,7 @@ class Measurement:
         counts: it was not measured). ``backend``: only that one's."""
         records = self.records if backend is None else self.of(backend)
         out = {f"{r.backend} @ {r.case_id}": r.status_text for r in records if not r.passed}
-        for name, verdict in self.held_out.items():  # docs/fuzz.md, "Held-out shapes"
+        for name, verdict in self.held_out_verdicts.items():  # docs/fuzz.md, "Held-out shapes"
             if (backend is None or name == self._name(backend)) and not verdict.passed:
                 out[f"{name} @ (held-out)"] = verdict.reason(self.show_held_out) or str(verdict.infrastructure)
         return out
@@ -148,7 +166,7 @@ class Measurement:
         """Every record of every backend passed (correct on every check, timed), and every kernel file on the
         held-out shapes."""
         return (bool(self.records) and all(r.passed for r in self.records)
-                and all(v.passed for v in self.held_out.values()))
+                and all(v.passed for v in self.held_out_verdicts.values()))
 
     def assert_passed(self, backend: str | None = None) -> None:
         """AssertionError listing each record that did not pass (for tests)."""

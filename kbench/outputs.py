@@ -5,6 +5,13 @@ file-size limit, a path under a regular file, a directory where a file is wanted
 :class:`~kbench.errors.OutputError` (exit 2) that names the file, says why in words and what to do.
 Result files also get an exclusive lock held for the whole run (:class:`ResultLock`), so two runs
 never write one file.
+
+The one rule for what an output path may be (:func:`output_target`), whatever ``--force`` says: a regular file
+(replaced whole) or a new path. A device node, a named pipe, a socket or a directory at the path is refused, and so
+is any path in /proc or /sys or on a kernel file system (proc, sysfs, devtmpfs, cgroup...): replacing a device node
+with a JSON file breaks it for every user of the machine. A symbolic link is followed: the file it points at is
+written (the link stays), under the same rule; a link whose target does not exist is refused, because the file
+it would create lies wherever the link says, often far from where the user looked.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import errno
 import fcntl
 import os
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -54,10 +62,87 @@ def current_umask() -> int:
     return mask
 
 
+#: file systems that are kernel interfaces, not storage: no output is written there
+KERNEL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                 "securityfs", "configfs", "bpf", "pstore", "efivarfs", "fusectl", "binfmt_misc",
+                                 "mqueue", "autofs", "rpc_pipefs", "nsfs"})
+#: folders whose files are kernel interfaces wherever the mounts say otherwise (/sys/fs/cgroup is often a tmpfs)
+KERNEL_FOLDERS = ("/proc", "/sys")
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_TARGET_FIX = ("give the path of a regular file or of a new file (kbench never writes over a device, pipe, socket "
+               "or directory, --force included); to see the output on the terminal, leave -o out or use --format json")
+
+
+def _mount_types() -> list[tuple[str, str]]:
+    """(mount point, file-system type) of this process's mounts, longest mount point first."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+            rows = [line.split()[1:3] for line in fh if len(line.split()) >= 3]
+    except OSError:
+        return []
+    decoded = [(point.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\"), kind)
+               for point, kind in rows]
+    return sorted(decoded, key=lambda r: len(r[0]), reverse=True)
+
+
+def _kernel_file_system(real: str) -> str | None:
+    """The kernel file system (or folder) ``real`` (a resolved absolute path) lies in, or None for storage."""
+    for folder in KERNEL_FOLDERS:
+        if real == folder or real.startswith(folder + "/"):
+            return folder
+    for point, kind in _mount_types():
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return f"a {kind} file system" if kind in KERNEL_FILE_SYSTEMS else None
+    return None
+
+
+def output_target(path: Path | str, *, option: str | None = "-o") -> Path:
+    """The file an output at ``path`` is written to, after the one rule (module doc): ``path`` itself, or the
+    file a symbolic link at ``path`` points at. Anything else raises an :class:`OutputError` (exit 2) naming the
+    path, what is there and the fix."""
+    path = Path(path)
+    target = path
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError:
+        info = None  # ENOTDIR, EACCES...: the write itself says why, in words
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        target = Path(os.path.realpath(path))
+        try:
+            info = os.stat(target)
+        except FileNotFoundError:
+            raise OutputError(f"is a symbolic link to {target}, which does not exist", file=str(path), where=option,
+                              fix="give the path you mean (the link's target, or a new file), or remove the link"
+                              ) from None
+        except OSError:
+            info = None
+    if info is not None:
+        for test, kind in _KINDS:
+            if test(info.st_mode):
+                raise OutputError(f"is {kind}" + (f" (through the link to {target})" if target != path else "")
+                                  + "; only a regular file or a new path is written",
+                                  file=str(path), where=option,
+                                  fix=(f"give a file name inside it, e.g. {path / 'out.json'}"
+                                       if kind == "a directory" else _TARGET_FIX))
+    real = os.path.realpath(target)
+    where = _kernel_file_system(real)
+    if where is not None:
+        raise OutputError(f"lies in {where} ({real}), a kernel interface, not storage", file=str(path), where=option,
+                          fix="write the output to a regular file on a disk (e.g. -o results/out.json)")
+    return target
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w") -> None:
     """Write through ``write(fh)`` to a temporary file beside ``path``, fsync, then rename over it, so readers
     never see half a file. The file gets the permissions the umask gives a new file (mkstemp makes 0600).
-    OSError propagates: callers turn it into their own message (see :func:`output_error`)."""
+    ``path`` must pass the one rule of output paths (:func:`output_target`: an OutputError otherwise, checked
+    again just before the rename); a symbolic link's target is written. Other OSErrors propagate: callers turn
+    them into their own message (see :func:`output_error`)."""
+    path = output_target(path, option=None)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -66,6 +151,7 @@ def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w") -
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        output_target(path, option=None)  # something made at the path meanwhile is not replaced either
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -110,7 +196,7 @@ def _short_path(path: Path) -> str:
     return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
 
 
-def check_output_file(path: Path | str, *, option: str = "-o", extra: int = 0) -> Path:
+def check_output_file(path: Path | str, *, option: str = "-o", extra: int = RESULT_NAME_EXTRA) -> Path:
     """Refuse, before any work, an output file that cannot be made: a name too long, a directory, or a parent
     that cannot be made."""
     path = Path(path)
@@ -118,6 +204,7 @@ def check_output_file(path: Path | str, *, option: str = "-o", extra: int = 0) -
     if path.is_dir():
         raise OutputError("is a directory; a file is written here", file=str(path), where=option,
                           fix=f"give a file name, e.g. {path / 'report.html'}")
+    output_target(path, option=option)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -132,8 +219,16 @@ def check_output_dir(path: Path | str, *, option: str) -> Path:
     """Make ``path`` as a directory and prove it is writable (a probe file), before any work."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OutputError("is a file; a directory is written here", file=str(path), where=option,
+        raise OutputError("is not a directory; a directory is written here", file=str(path), where=option,
                           fix="give a directory path (it is created when missing)")
+    where = _kernel_file_system(os.path.realpath(path))
+    if where is not None:
+        raise OutputError(f"lies in {where}, a kernel interface, not storage", file=str(path), where=option,
+                          fix="give a directory on a disk")
+    if os.path.islink(path) and not path.exists():
+        raise OutputError(f"is a symbolic link to {os.path.realpath(path)}, which does not exist", file=str(path),
+                          where=option, fix="give the path you mean (the link's target, or a new directory), or "
+                                            "remove the link")
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".kbench-probe-", dir=path)
@@ -155,10 +250,12 @@ def write_text(path: Path | str, text: str, *, option: str = "-o") -> Path:
 
 
 def save_figure(fig: Any, path: Path | str, *, option: str, **kwargs: Any) -> Path:
-    """``fig.savefig(path)`` with write failures as an OutputError."""
+    """``fig.savefig(path)``, atomically and under the one rule of output paths; write failures as an
+    OutputError."""
     path = Path(path)
+    kwargs.setdefault("format", path.suffix.lstrip(".").lower() or "png")
     try:
-        fig.savefig(path, **kwargs)
+        atomic_write(output_target(path, option=option), lambda fh: fig.savefig(fh, **kwargs), mode="wb")
     except OSError as exc:
         raise output_error(path, exc, option=option) from None
     return path

@@ -444,3 +444,26 @@ def speedup_summary(table) -> list[str]:
     for why, names in by_reason.items():
         lines.append(f"not compared, never passed: {', '.join(names)} ({why})")
     return lines
+
+
+class SkippedTally:
+    """Skipped records counted per backend and reason, for a log that gets one line per skipped backend instead of
+    one per skipped record (a CPU run's GPU backends, skipped on every case, would bury the measured records)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def add(self, backend: str, reason: str) -> None:
+        per = self.counts.setdefault(backend, {})
+        per[reason] = per.get(reason, 0) + 1
+
+    def lines(self, most_reasons: int = 3) -> list[str]:
+        """``backend: N records skipped: reason`` per backend (its commonest reasons first)."""
+        out = []
+        for backend, reasons in self.counts.items():
+            total = sum(reasons.values())
+            ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+            shown = "; ".join(f"{reason}" + (f" ({n})" if len(reasons) > 1 else "") for reason, n in ranked[:most_reasons])
+            more = f"; and {len(ranked) - most_reasons} other reasons" if len(ranked) > most_reasons else ""
+            out.append(f"{backend}: {total} record{'s' if total != 1 else ''} skipped: {shown}{more}")
+        return out

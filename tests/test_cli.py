@@ -127,7 +127,7 @@ def test_a_run_whose_stdout_is_not_a_terminal_prints_a_line_per_record_before_th
 
 @pytest.mark.slow
 def test_a_run_into_a_pipe_prints_a_line_per_record_while_it_runs(tmp_path):
-    """Issue 34: `kbench run ... > log` printed nothing until the end (525 s on a loaded machine)."""
+    """A log: `kbench run ... > log` once printed nothing until the end (525 s on a loaded machine)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -171,3 +171,17 @@ def test_progress_lines_say_still_measuring_when_a_record_takes_long(monkeypatch
     first, *rest = out.getvalue().splitlines()
     assert first.startswith("[0/2 0:") and first.endswith("] still measuring (0 s since the last record)"), first
     assert rest[-1].startswith("[1/2 0:") and rest[-1].endswith("] numpy attention[x] passed"), rest
+
+
+def test_show_repro_prints_a_newline_or_control_character_inside_a_repro_escaped_on_its_one_line(runner, tmp_path):
+    from tests.synthetic_results import record, result, write
+
+    rec = record("numpy", {"batch": 1, "seqlen": 64, "heads": 4, "head_dim": 32, "causal": False}, [1e-3, 1.1e-3])
+    rec["repro"] = "kbench run s.yaml -b numpy\n$ rm -rf /\r\x1b[2K\tdone"
+    path = write(tmp_path / "crafted.json", result([rec]))
+    res = invoke(runner, "show", path, "--repro")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert not any(line.lstrip().startswith("$ rm") for line in lines)
+    (line,) = [line for line in lines if "kbench run s.yaml" in line]
+    assert "\\n$ rm -rf /\\x0d\\x1b[2K\\tdone" in line

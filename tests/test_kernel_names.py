@@ -49,8 +49,17 @@ def test_a_name_that_reads_as_a_registered_backend_is_refused(tmp_path, registry
 def test_a_name_of_its_own_is_kept_and_unsafe_characters_are_escaped(tmp_path, registry):
     assert KernelFileRef(kernel(tmp_path / "k.py", "my-numpy"), registry).name == "my-numpy"
     assert KernelFileRef(kernel(tmp_path / "k.py", None), registry).name == "file:k"
-    # a right-to-left override cannot make a name read as another: it is shown as its escape
-    assert KernelFileRef(kernel(tmp_path / "k.py", "ypmun\u202e"), registry).name == "ypmun\\u202e"
+    assert KernelFileRef(kernel(tmp_path / "k.py", "tuned:v2@sm90,bq=64"), registry).name == "tuned:v2@sm90,bq=64"
+
+
+@pytest.mark.parametrize("name, odd", [("numрy", "U+0440"), ("numpy\u2011flash", "U+2011"), ("ypmun\u202e", "U+202E"),
+                                       ("my kernel", "U+0020"), ("ｍｙ", "U+FF4D")])
+def test_a_name_beyond_ascii_letters_digits_and_marks_is_refused_with_the_character_named(tmp_path, registry, name,
+                                                                                           odd):
+    """Look-alikes: a Cyrillic р, a non-breaking hyphen (U+2011), a bidi override, fullwidth letters."""
+    with pytest.raises(BadInput) as info:
+        KernelFileRef(kernel(tmp_path / "k.py", name), registry)
+    assert info.value.where == "NAME" and odd in info.value.message and "ASCII" in info.value.fix
 
 
 def invoke(*args):

@@ -186,7 +186,7 @@ def test_the_fixture_asserts_speed_and_saves_files_compare_and_publish_read(tmp_
     assert "2 runs" in published.output and (tmp_path / "site" / "index.html").is_file()
 
 
-# -- a callable cannot hang, end or exhaust its caller (issue 34) ----------------------------------------------
+# -- a callable cannot hang, end or exhaust its caller ----------------------------------------------------------
 
 
 def never_returns(q, k, v, out, *, causal, scale):
@@ -272,3 +272,160 @@ def test_the_fixture_takes_the_same_path(kbench_measure):
     m = kbench_measure(exits, cases=[CASE], device="cpu", timing=QUICK, case_timeout=30)
     assert m.records[0].status == "error" and "sys.exit(3)" in m.records[0].reason
     assert m.suite.name.endswith("test_the_fixture_takes_the_same_path")
+
+
+# -- the forked child's processes are killed whole; reasons name the real cause ------------------------------
+
+#: where a callable that leaves a process behind writes that process's pid (set by each test)
+LEFT_PID_FILE = {"path": None}
+
+
+def _leave_a_sleeper(detach: bool) -> None:
+    """Once per worker: fork a process that sleeps a minute (in a new session with ``detach``) and write its pid."""
+    import os
+    import time
+
+    if LEFT_PID_FILE.get("done"):
+        return
+    LEFT_PID_FILE["done"] = True
+    pid = os.fork()
+    if pid == 0:
+        if detach:
+            os.setsid()
+        time.sleep(60)
+        os._exit(0)
+    with open(LEFT_PID_FILE["path"], "w") as fh:
+        fh.write(str(pid))
+
+
+def leaves_a_child(q, k, v, out, *, causal, scale):
+    _leave_a_sleeper(detach=False)
+    attention(q, k, v, out, causal=causal, scale=scale)
+
+
+def leaves_a_setsid_child(q, k, v, out, *, causal, scale):
+    _leave_a_sleeper(detach=True)
+    attention(q, k, v, out, causal=causal, scale=scale)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    return text[text.rindex(b")") + 2:][:1] != b"Z"
+
+
+@pytest.mark.parametrize("fn", [leaves_a_child, leaves_a_setsid_child], ids=["child", "setsid-child"])
+def test_a_callable_that_leaves_a_process_is_not_held_to_the_case_timeout_and_the_process_is_killed(fn, tmp_path,
+                                                                                                   monkeypatch):
+    import time
+
+    monkeypatch.setitem(LEFT_PID_FILE, "path", str(tmp_path / "left.pid"))
+    start = time.monotonic()
+    m = in_a_thread(lambda: api.measure(fn, cases=[CASE], device="cpu", timing=QUICK, case_timeout=30), 60)
+    took = time.monotonic() - start
+    (rec,) = m.records
+    assert rec.status == "passed", rec.reason
+    assert took < 15, took  # the record, not the 30 s case timeout (the sleeper holds the pipe a minute)
+    left = int((tmp_path / "left.pid").read_text())
+    deadline = time.monotonic() + 5
+    while _alive(left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(left), f"the process the callable left ({left}) outlived the call"
+
+
+def killed_by_a_realtime_signal(q, k, v, out, *, causal, scale):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGRTMIN + 3)
+
+
+def closes_every_descriptor(q, k, v, out, *, causal, scale):
+    import os
+
+    attention(q, k, v, out, causal=causal, scale=scale)
+    os.closerange(3, 65536)
+
+
+def test_crash_reasons_name_real_time_signals_and_closed_descriptors():
+    m = api.measure(killed_by_a_realtime_signal, closes_every_descriptor, cases=[CASE], device="cpu", timing=QUICK,
+                    case_timeout=30)
+    by = {r.backend: r for r in m.records}
+    rt = by["fn:killed_by_a_realtime_signal"]
+    assert rt.status == "crashed" and "killed by SIGRTMIN+3" in rt.reason and "ValueError" not in rt.reason
+    assert rt.extra.get("signal") == "SIGRTMIN+3"
+    closed = by["fn:closes_every_descriptor"]
+    assert closed.status == "crashed" and "closed or replaced the file descriptor" in closed.reason
+    assert "SIGKILL" not in closed.reason and "out of memory" not in closed.reason
+
+
+def test_signal_names_cover_every_number():
+    import signal
+
+    from kbench.run.forked import signal_name
+
+    assert signal_name(int(signal.SIGKILL)) == "SIGKILL"
+    assert signal_name(int(signal.SIGRTMIN)) == "SIGRTMIN+0" or signal_name(int(signal.SIGRTMIN)) == "SIGRTMIN"
+    assert signal_name(int(signal.SIGRTMAX)) in ("SIGRTMAX", "SIGRTMAX-0")
+    assert signal_name(int(signal.SIGRTMAX) - 1) == "SIGRTMAX-1"
+    assert signal_name(200) == "signal 200"
+
+
+CALLER = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import test_measure as t
+t.LEFT_PID_FILE["path"] = {pid_file!r}
+import kbench.api as api
+api.measure(t.leaves_a_setsid_child_then_hangs, cases=[t.CASE], device="cpu", timing=t.QUICK, case_timeout=120)
+"""
+
+
+def leaves_a_setsid_child_then_hangs(q, k, v, out, *, causal, scale):
+    _leave_a_sleeper(detach=True)
+    while True:
+        pass
+
+
+def test_a_caller_killed_with_sigkill_leaves_no_process_of_its_callable(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "left.pid"
+    caller = subprocess.Popen([sys.executable, "-c", CALLER.format(tests=str(ROOT / "tests"), pid_file=str(pid_file))],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            assert caller.poll() is None, "the caller ended before its callable ran"
+            time.sleep(0.1)
+        left = int(pid_file.read_text())
+        assert _alive(left)
+    finally:
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait()
+    deadline = time.monotonic() + 5
+    while _alive(left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(left), f"the setsid process the callable left ({left}) outlived its killed caller"
+
+
+def test_held_out_verdicts_hide_the_shape_as_failures_does_unless_shown():
+    from kbench.fuzz.heldout import HeldOut
+    from kbench.measurement import Measurement
+
+    secret = "attention[b=3,sq=77,sk=77,hq=6,hkv=2,d=48,causal,fp32]"
+    verdict = HeldOut("k", checked=8, failure=(secret, "failed", f"bad at {secret}", 0.5, 1e-5), cases=[secret])
+    hidden = Measurement([], ["k"], None, None, "cpu", held_out_verdicts={"k": verdict})
+    assert secret not in repr(hidden.held_out) and secret not in str(hidden.failures())
+    assert hidden.held_out["k"].failure[0] == "(hidden)" and hidden.held_out["k"].cases == []
+    assert not hidden.held_out["k"].passed and "relative L2 error 0.5" in hidden.held_out["k"].reason(True)
+    shown = Measurement([], ["k"], None, None, "cpu", held_out_verdicts={"k": verdict}, show_held_out=True)
+    assert shown.held_out["k"].failure[0] == secret and secret in shown.failures()["k @ (held-out)"]

@@ -598,7 +598,7 @@ def test_a_real_file_size_limit_too_small_for_the_arena_is_an_error_record_not_a
 
 
 def test_an_untrusted_kernel_that_times_out_is_not_started_on_its_remaining_cases(tmp_path):
-    """Issue 34: an evolver's candidate with an endless loop waited out the case timeout on every case."""
+    """An evolver's candidate with an endless loop waited out the case timeout on every case."""
     out = tmp_path / "loop.json"
     res = invoke("run", "suites/smoke.yaml", "-b", ROOT / "tests/redteam/infinite_loop.py", "-k", "sq=64 and hkv=4",
                  "--case-timeout", 2, "--allow-unsandboxed", "--no-progress", "--format", "csv", "-o", out)

@@ -74,6 +74,42 @@ def test_trusted_workers_get_the_environment_without_credentials():
     assert {k for k in base if k in env} == {"PATH", "TORCH_HOME"}
 
 
+def test_both_worker_environments_pass_by_allow_list_so_a_secret_by_another_name_never_passes():
+    from kbench.run.pool import worker_environment
+
+    needed = {"PATH": "/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "MKL_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "1048576",
+              "CUDA_VISIBLE_DEVICES": "0", "KBENCH_PLUGINS": "x", "TRITON_INTERPRET": "1"}
+    # names no deny-list of secret-looking words catches, some under prefixes an allow-list by wildcard passed
+    hidden = {"DEPLOY_PW": "s1", "A_TKN_B": "s2", "OPENBLAS_TKN": "s3", "TRITON_PW": "s4", "LC_TKN": "s5",
+              "KBENCH_ADMIN_PW": "s6", "OMP_CANARY": "s7", "NVIDIA_NGC_TKN": "s8", "CUPY_PW": "s9"}
+    base = {**needed, **hidden, "HOME": "/home/u", "TORCH_HOME": "/models"}
+    sandboxed_env = worker_environment(base, scratch="/scratch")
+    trusted_env = worker_environment(base, scratch=None)
+    for env in (sandboxed_env, trusted_env):
+        assert not set(hidden) & set(env) and not set(hidden.values()) & set(env.values())
+        assert {k: env[k] for k in needed} == needed
+        assert env["PYTHONPATH"]
+    assert trusted_env["HOME"] == "/home/u" and trusted_env["TORCH_HOME"] == "/models"
+    assert sandboxed_env["HOME"] == "/scratch" and "TORCH_HOME" not in sandboxed_env
+
+
+def test_the_sandbox_binds_an_interpreter_prefix_library_folders_never_its_root_and_pip_conf(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    for part in ("bin", "lib/python3/site-packages", "include"):
+        (venv / part).mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "pip.conf").write_text("[global]\nindex-url = https://user:hunter2@pypi.example/simple\n")
+    (venv / "etc").mkdir()
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "exec_prefix", str(venv))
+    roots = sandbox.readable_roots()
+    real = str(venv.resolve())
+    assert real not in roots
+    assert {f"{real}/bin", f"{real}/lib", f"{real}/include", f"{real}/pyvenv.cfg"} <= set(roots)
+    assert not any(sandbox._under(str((venv / name).resolve()), roots) for name in ("pip.conf", "etc"))
+
+
 # --------------------------------------------------------------------------------------------
 # the sandbox itself
 
@@ -124,7 +160,10 @@ def test_filesystem_is_read_only_except_the_scratch_dir(tmp_path):
             "kbench": os.path.exists({str(ROOT / "kbench" / "run" / "sandbox.py")!r}),
         }}))
     ''', scratch))
-    assert out["checkout"] == "Read-only file system"  # the checkout's folder is a bare mount point: read-only, empty
+    # the checkout's folder is a bare mount point: read-only, empty; a checkout under /tmp lies in the sandbox's own
+    # /tmp instead (a private tmpfs: writable there, and nothing reaches the host, asserted at the end)
+    in_tmp = ROOT.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    assert out["checkout"] == ("written" if in_tmp else "Read-only file system")
     assert out["results"] == "No such file or directory"  # only the packages' folders are bound, not results/
     assert out["tmp"] == "written" and not host_tmp.exists()  # the sandbox's /tmp is its own
     assert out["scratch"] == "written" and not (scratch / "ok.txt").exists()  # so is its scratch directory
@@ -327,6 +366,9 @@ print(json.dumps({"list": listing, "refused": refused, "allowed": allowed}))
 
 @needs_sandbox
 def test_without_user_namespaces_untrusted_code_does_not_run_unless_allowed(tmp_path):
+    from kbench.plugins import get_plugin_manager
+
+    get_plugin_manager()  # the plugins the nested kbench loads are imported here, so their folders are bound
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     suite = scratch / "suite.yaml"
@@ -468,7 +510,7 @@ def attention(q, k, v, out, *, causal, scale):
 
 @needs_sandbox
 def test_no_descriptor_of_the_arena_is_open_while_candidate_code_runs(tmp_path):
-    """Python 3.11's mmap kept a duplicate of the arena's descriptor (issue 33, item 7): a kernel found it in
+    """Python 3.11's mmap kept a duplicate of the arena's descriptor: a kernel found it in
     /proc/self/fd at import and in every call. Now the worker points it at /dev/null before candidate code."""
     from kbench.run.runner import run_suite
 

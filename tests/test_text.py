@@ -93,7 +93,7 @@ def test_show_compare_and_report_print_a_hand_edited_result_file(tmp_path):
 
 
 KERNEL = '''"""Raises with a lone surrogate, a terminal escape and a bidi override in its message."""
-NAME = "odd\\ud800name"
+NAME = "odd-name"
 
 
 def attention(q, k, v, out, *, causal, scale):
@@ -121,13 +121,17 @@ def test_run_prints_its_table_with_a_surrogate_in_a_name_and_an_exception(tmp_pa
     ran = invoke("run", suite, "-b", kernel, "-o", out)
     # exit 1: a record ended with an error (the kernel raised); never a traceback of the parent
     assert ran.exit_code == 1 and isinstance(ran.exception, SystemExit), ran.output + repr(ran.exception)
-    assert "odd\\ud800name" in ran.output and "bad \\ud800 text \\x1b[31m red \\u202e evil" in ran.output
+    assert "odd-name" in ran.output and "bad \\ud800 text \\x1b[31m red \\u202e evil" in ran.output
     rec = json.loads(out.read_text())["records"][0]
-    assert rec["backend"] == "odd\\ud800name" and "\\ud800" in rec["reason"]
+    assert rec["backend"] == "odd-name" and "\\ud800" in rec["reason"]
     # what the kernel printed is kept escaped too (the worker's output, read from its pipe)
     assert "clear the screen \\x1b[2J\\x0dpassed" in rec["stderr_tail"] and "\x1b" not in rec["stderr_tail"]
     shown = invoke("show", out)
-    assert shown.exit_code == 0 and "odd\\ud800name" in shown.output
+    assert shown.exit_code == 0 and "odd-name" in shown.output
+    # a NAME holding a surrogate is refused (a kernel file's NAME is ASCII), the character shown escaped
+    kernel.write_text(KERNEL.replace('NAME = "odd-name"', 'NAME = "odd\\ud800name"'))
+    refused = invoke("run", suite, "-b", kernel, "-o", tmp_path / "r2.json")
+    assert refused.exit_code == 2 and "odd\\ud800name" in refused.output and "U+D800" in refused.output
 
 
 def test_a_suite_is_escaped_as_it_is_read():

@@ -6,15 +6,17 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.tables import render
 
 
 @click.command("calibrate")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (accelerator if usable).")
-@click.option("--size", "matmul_size", type=click.IntRange(min=16), help="n of the n x n x n GEMM (cpu 2048, gpu 8192).")
-@click.option("--copy-mb", type=click.FloatRange(min=1), help="Size of the copied buffer in MiB (cpu 256, gpu 2048).")
+@click.option("--size", "matmul_size", type=click.IntRange(min=16, max=2**20), help="n of the n x n x n GEMM (cpu 2048, gpu 8192).")
+@click.option("--copy-mb", type=Finite(min=1, max=2**20), help="Size of the copied buffer in MiB (cpu 256, gpu 2048).")
 @click.option("--dtype", "dtypes", multiple=True, metavar="DTYPE", help="Only these matmul dtypes (repeatable).")
-@click.option("--max-time", type=click.FloatRange(min=0.05), help="Seconds of sampling per measurement (default 3).")
+@click.option("--max-time", type=Finite(min=0.05, max=86400), help="Seconds of sampling per measurement (default 3).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Calibration file (default results/<machine>/calibration.json, where later runs look).")
 @click.pass_obj

@@ -6,6 +6,8 @@ from collections import Counter
 
 import click
 
+from kbench.options import Finite
+
 from kbench.compare import CHANGED, SORTS
 from kbench.tables import FORMATS
 
@@ -166,9 +168,9 @@ def fail_on_regressions(pairs) -> None:
 @click.argument("results", nargs=-1, required=True)
 @click.option("--baseline", metavar="BACKEND",
               help="With one RESULT: speedup of every backend over BACKEND per case, geomean per group.")
-@click.option("--factor", type=float, default=1.05, show_default=True,
+@click.option("--factor", type=Finite(min=1.0, max=1000.0), default=1.05, show_default=True,
               help="A time ratio within [1/FACTOR, FACTOR] counts as the same.")
-@click.option("--alpha", type=float, default=0.01, show_default=True,
+@click.option("--alpha", type=Finite(min=0.0, max=1.0, min_open=True, max_open=True), default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test and of the test against run-to-run variation.")
 @click.option("--run-noise", default="3%", show_default=True,
               help="How much a record's median varies from one run of the same code to the next (process, memory "

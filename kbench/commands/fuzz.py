@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.enums import DType
 
 
@@ -20,7 +22,7 @@ def _is_kernel_file(pattern: str) -> bool:
               help="A registered backend (numpy, torch-sdpa[threads=1], ...) or a kernel file; repeatable.")
 @click.option("--op", type=click.Choice(["attention", "attention_varlen", "decode_attention"]), default=None,
               help="The op whose space is drawn (default: the backend's; a backend of another op is bad input).")
-@click.option("--budget", type=click.FloatRange(min=1, max=86400), default=60.0, show_default=True, metavar="SECONDS",
+@click.option("--budget", type=Finite(min=1, max=86400), default=60.0, show_default=True, metavar="SECONDS",
               help="Wall time for each backend's search and shrink.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None,
               help="Seed of the cases drawn and of their inputs (default: a random one, printed).")
@@ -60,6 +62,10 @@ def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, values, long
 
     from dataclasses import replace
 
+    if output is not None:  # before the search: a path that cannot take the report is refused up front
+        from kbench.outputs import check_output_file
+
+        check_output_file(output, option="-o")
     seed = secrets.randbelow(2**31) if seed is None else seed
     targets = [_resolve(pm, arg, op) for arg in backends]
     chosen_values = _values(values)
@@ -70,7 +76,8 @@ def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, values, long
         if fmt == "table":
             click.echo(f"kbench fuzz: {backend.name} ({backend.op} on {where}), seed {seed}, budget {budget:g} s",
                        err=True)
-        with Checker(pm, backend.op, where, secret=fuzz_secret(seed), allow_unsandboxed=allow_unsandboxed) as checker:
+        with Checker(pm, backend.op, where, secret=fuzz_secret(seed), allow_unsandboxed=allow_unsandboxed,
+                     case_timeout=_case_timeout(budget)) as checker:
             result = fuzz(backend, checker, space, budget=budget, seed=seed, backend_arg=arg)
         if result.failure is not None:
             write_repro(result, _repro_dir(output, arg))
@@ -79,12 +86,36 @@ def fuzz_command(pm, backends, op, budget, seed, dtypes, head_dims, values, long
             click.echo(_describe(result))
     report = {"seed": seed, "budget_seconds": budget, "backends": [r.to_json() for r in results]}
     if output is not None:
-        from kbench.outputs import atomic_write
-
-        atomic_write(output, lambda fh: fh.write(json.dumps(report, indent=1) + "\n"))
+        _write_report(output, report, printed=fmt == "json")
     if fmt == "json":
         click.echo(json.dumps(report, indent=1))
     sys.exit(1 if any(r.failure for r in results) else 0)
+
+
+def _case_timeout(budget: float) -> float:
+    """Seconds one check may take: half the budget, at most the checker's default (a hang found with --budget 12
+    ends within the budget, not after the default 60 s), at least 1."""
+    from kbench.fuzz.checker import CASE_TIMEOUT
+
+    return max(1.0, min(CASE_TIMEOUT, budget / 2))
+
+
+def _write_report(output: Path, report: dict, *, printed: bool) -> None:
+    """Write the report to ``output``; when that fails (disk full, the path changed since the check), the search's
+    results are kept: printed on stdout, then an exit 2 naming the path."""
+    from kbench.errors import OutputError
+    from kbench.outputs import atomic_write, output_error
+
+    text = json.dumps(report, indent=1)
+    try:
+        atomic_write(output, lambda fh: fh.write(text + "\n"))
+    except (OSError, OutputError) as exc:
+        if not printed:
+            click.echo(text)
+        kept = "the report is printed on stdout instead"
+        if isinstance(exc, OSError):
+            raise output_error(output, exc, option="-o", kept=kept) from None
+        raise OutputError(f"{exc.message}; {kept}", file=exc.file, where="-o", fix=exc.fix) from None
 
 
 def _resolve(pm, arg: str, op: str | None):

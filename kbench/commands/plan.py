@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.tables import FORMATS, render
 
 RANK_BY = ("dollar", "device", "joule", "output")
@@ -29,17 +31,17 @@ RANK_BY = ("dollar", "device", "joule", "output")
                    "splitwise-conversation, or one from --workload-file (or give --isl/--osl, or --arrivals trace:).")
 @click.option("--workload-file", "workload_files", multiple=True, type=click.Path(dir_okay=False),
               help="YAML file of workloads (format of kbench/data/workloads.yaml).")
-@click.option("--isl", type=click.IntRange(min=1), help="Input tokens per request: a one-class workload (with --osl).")
-@click.option("--osl", type=click.IntRange(min=1), help="Output tokens per request (with --isl).")
+@click.option("--isl", type=click.IntRange(min=1, max=10**8), help="Input tokens per request: a one-class workload (with --osl).")
+@click.option("--osl", type=click.IntRange(min=1, max=10**8), help="Output tokens per request (with --isl).")
 @click.option("--slo", "slo", metavar="ttft=T,tpot=T", help="Override the workload's SLOs, e.g. ttft=2s,tpot=50ms.")
-@click.option("--attainment", type=click.FloatRange(0.01, 1.0), help="Fraction of requests that must meet the SLO "
+@click.option("--attainment", type=Finite(0.01, 1.0), help="Fraction of requests that must meet the SLO "
               "(default: the workload's, usually 0.9).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--rate", type=Finite(min=0, min_open=True),
               help="Requests per second (default: the workload's; a trace's own rate).")
 @click.option("--arrivals", metavar="poisson|gamma:CV|trace:PATH",
               help="Arrival process: Poisson, Gamma gaps with coefficient of variation CV, or a replayed trace "
                    "(CSV/JSON lines of arrival, input, output).")
-@click.option("--prefix-cache", type=click.FloatRange(0.0, 0.999), help="Fraction of each prompt found in the "
+@click.option("--prefix-cache", type=Finite(0.0, 0.999), help="Fraction of each prompt found in the "
               "prefix cache (shared context), overriding the workload's.")
 @click.option("--turns", type=click.IntRange(1, 1000), help="Requests per conversation; later turns carry the "
               "earlier ones as cached context.")
@@ -55,33 +57,33 @@ RANK_BY = ("dollar", "device", "joule", "output")
               help="YAML file of interconnect profiles (format of kbench/data/interconnects.yaml).")
 @click.option("--rank-by", type=click.Choice(RANK_BY), default="dollar", show_default=True,
               help="Goodput per dollar, per device or per joule, or output tokens per second per device.")
-@click.option("--devices", type=click.IntRange(min=1), help="A fixed cluster of N devices: find the highest rate "
+@click.option("--devices", type=click.IntRange(min=1, max=10**6), help="A fixed cluster of N devices: find the highest rate "
               "each plan serves within the SLO on at most N devices (instead of pools sized for --rate).")
 @click.option("--weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
-@click.option("--compute-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--compute-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of the datasheet matmul peak a large GEMM reaches (where nothing was measured; "
                    "the shaped step model lowers it for small GEMMs).")
-@click.option("--bandwidth-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--bandwidth-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of the datasheet memory bandwidth (where nothing was measured).")
-@click.option("--link-efficiency", type=click.FloatRange(0.01, 1.0), default=0.8, show_default=True,
+@click.option("--link-efficiency", type=Finite(0.01, 1.0), default=0.8, show_default=True,
               help="Assumed fraction of an interconnect's bandwidth a KV transfer or an all-reduce reaches.")
-@click.option("--usable", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True,
+@click.option("--usable", type=Finite(0.05, 1.0), default=0.9, show_default=True,
               help="Fraction of device memory for weights and KV cache.")
 @click.option("--tp", "tp", metavar="N[,N]", help="Tensor-parallel degrees to try per instance (default 1,2,4,8; "
               "1 on CPUs).")
 @click.option("--pp", "pp", metavar="N[,N]", help="Pipeline-parallel degrees to try (default 1), e.g. 1,2.")
-@click.option("--chunk", type=click.IntRange(min=16), default=8192, show_default=True,
+@click.option("--chunk", type=click.IntRange(min=16, max=10**8), default=8192, show_default=True,
               help="Tokens per iteration (decode tokens plus prompt chunks): the scheduler's token budget.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--max-batch", type=click.IntRange(min=1, max=10**6), default=512, show_default=True,
               help="Most requests an instance's scheduler runs at once.")
-@click.option("--simulate", "n_sim", type=click.IntRange(min=0), default=4, show_default=True,
+@click.option("--simulate", "n_sim", type=click.IntRange(min=0, max=10**4), default=4, show_default=True,
               help="Simulate the screen's best N choices (0: the mean-value screen alone).")
 @click.option("--requests", type=click.IntRange(min=100, max=200_000), default=4000, show_default=True,
               help="Requests per whole-plan simulation at least (more where 10 request lifetimes need more; the "
                    "search for one instance's rate uses up to 1,500).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals and lengths.")
-@click.option("--top", type=click.IntRange(min=0), default=12, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True, help="Seed of the simulated arrivals and lengths.")
+@click.option("--top", type=click.IntRange(min=0, max=10**6), default=12, show_default=True,
               help="Plans to print (0: all).")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write plan-pareto.png (cost vs TTFT and TPOT, Pareto front) and plan-latency.png (simulated "
@@ -294,7 +296,7 @@ def _emit_text(o, model, workload, assume, planner, planner_for, plans, screened
     from kbench.plan.report import table_headers, table_rows
 
     fmt, shares = o["fmt"], planner.shares
-    click.echo(_title(o, model, workload) + "\n")
+    click.echo(_title(o, model, workload, plans) + "\n")
     if sim_note:
         click.echo(sim_note + "\n")
     if not meeting:
@@ -331,7 +333,7 @@ def _emit_text(o, model, workload, assume, planner, planner_for, plans, screened
     _emit_inputs(o, assume, planner, planner_for, screened)
 
 
-def _title(o, model, workload) -> str:
+def _title(o, model, workload, plans=()) -> str:
     mix = ", ".join(f"{c.share:.0%} {c.input:,} in / {c.output:,} out" for c in workload.mix[:6])
     if len(workload.mix) > 6:
         mix += f", ... ({len(workload.mix)} classes)"
@@ -344,7 +346,7 @@ def _title(o, model, workload) -> str:
     return (f"{model.title} on {workload.title}: {sizing} ({mix}); {workload.arrivals.label}"
             f"{'; ' + '; '.join(extra) if extra else ''}; SLO TTFT <= {workload.slo.ttft:g} s, TPOT <= "
             f"{workload.slo.tpot * 1e3:g} ms for {workload.attainment:.0%} of requests; weights {o['weights']}, "
-            f"KV {o['kv']}; step model {o['step_model']}; ranked by {_rank_name(o['rank_by'])}")
+            f"KV {o['kv']}; step model {o['step_model']}; ranked by {_rank_text(o['rank_by'], plans)}")
 
 
 def _emit_simulated_notes(o, workload, screened, search, shares):
@@ -390,7 +392,9 @@ def _plots(o, model, workload, planner, plans, ranked, n_sim):
     plot_dir = o["plot_dir"]
     if plot_dir is None:
         return
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    from kbench.outputs import check_output_dir
+
+    check_output_dir(plot_dir, option="--plots")
     title = f"{model.title}, {workload.title}"
     path = plot_pareto(ranked if n_sim else plans, planner.shares, str(plot_dir / "plan-pareto.png"),
                        title=f"{title}: plans meeting the SLO")
@@ -416,6 +420,17 @@ def _degrees(text: str | None, option: str, error) -> list[int] | None:
 
 def _rank_name(by: str) -> str:
     return "output tokens per second per device" if by == "output" else f"goodput per {by}"
+
+
+def _rank_text(by: str, plans) -> str:
+    """What the plans are ranked by, said truly: goodput per dollar (or joule) with no price (or power figure) on
+    any plan ranks by the tie-break, the fewest devices meeting the SLO."""
+    if by in ("dollar", "joule") and plans and all(p.metric(by) is None for p in plans):
+        what, fix = (("price", "--price NAME=USD per device-hour") if by == "dollar"
+                     else ("power figure", "a power_w in a --hardware-file profile"))
+        return (f"the fewest devices meeting the SLO: {_rank_name(by)} was asked, but no hardware here has a {what} "
+                f"(every {'$' if by == 'dollar' else 'energy'} column is \"-\"; give {fix})")
+    return _rank_name(by)
 
 
 def _sim_key(p, by: str) -> tuple:

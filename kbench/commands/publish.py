@@ -72,6 +72,9 @@ def publish_command(results_dirs, output, repo, mix_machines, lineages, results_
         raise BadInput(f"--commit-url has no {{commit}}: {commit_url!r}", where="--commit-url",
                        fix="e.g. https://github.com/ORG/REPO/commit/{commit}")
     from kbench.commands import read_histories
+    from kbench.outputs import check_output_dir
+
+    check_output_dir(output, option="-o")  # before reading every result file
 
     runs, hists = read_histories(results_dirs, repo=repo, mix_machines=mix_machines, keyword=keyword, cache=cache,
                                  no_cache=no_cache, jobs=jobs)

@@ -8,6 +8,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import click
 
+from kbench.options import Finite
+
 from kbench.errors import BadInput
 from kbench.tables import FORMATS, render
 
@@ -79,7 +81,7 @@ def check_dtype(value: str, option: str) -> str:
               help="YAML file of extra hardware profiles (format of kbench/data/hardware.yaml).")
 @click.option("--weights", "weights", default="bf16", show_default=True, help="Weight precision: fp32 bf16 fp16 fp8 fp4.")
 @click.option("--kv", "kv", default="bf16", show_default=True, help="KV-cache precision: fp32 bf16 fp16 fp8 fp4.")
-@click.option("--usable", type=click.FloatRange(0.05, 1.0), default=1.0, show_default=True,
+@click.option("--usable", type=Finite(0.05, 1.0), default=1.0, show_default=True,
               help="Fraction of device memory available to weights and KV cache.")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write roofline-quadrants.png and footprint-vs-context.png into this directory.")
@@ -142,6 +144,10 @@ def roofline_command(pm, models, model_files, contexts, hardware, hardware_files
             for note in dict.fromkeys(f"note: {r.hardware}: {r.notes}" for r in rows if r.notes):
                 click.echo(note)
     if plot_dir is not None:
+        from kbench.outputs import check_output_file
+
+        for name in ("roofline-quadrants.png", "footprint-vs-context.png"):
+            check_output_file(plot_dir / name, option="--plots")
         target = plot_dir / "roofline-quadrants.png"
         try:
             quad = plot_quadrants(rows, chosen_hw, str(target))

@@ -6,18 +6,11 @@ from pathlib import Path
 
 import click
 
+from kbench.options import Finite
+
 from kbench.hints import traceback_hint
 from kbench.suite import MAX_CASES, load_suite
 from kbench.tables import records_table, status_summary
-
-
-def _finite_seconds(ctx, param, value):
-    """A finite number of seconds: click's FloatRange lets ``nan`` (every comparison is false) and ``inf`` by."""
-    import math
-
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds; give a finite number, e.g. 60")
-    return value
 
 
 def _is_kernel_file(pattern: str) -> bool:
@@ -38,11 +31,11 @@ def _is_kernel_file(pattern: str) -> bool:
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="Run trusted backends in a worker process (--no-isolate: in this process, for debugging). "
                    "Untrusted backends and kernel files always run in sandboxed workers.")
-@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", callback=_finite_seconds,
+@click.option("--case-timeout", type=Finite(min=0, min_open=True, max=7 * 86400), metavar="SECONDS",
               help="Seconds one (backend, case) may take in a worker (default: the suite's timing.case_timeout).")
 @click.option("--trust-kernel-files", is_flag=True,
               help="Load -b kernel files as trusted: no sandbox or static checks; in-process with --no-isolate.")
-@click.option("--max-cases", type=click.IntRange(min=1), default=MAX_CASES, show_default=True,
+@click.option("--max-cases", type=click.IntRange(min=1, max=10**9), default=MAX_CASES, show_default=True,
               help="Refuse a grid of more cases than this before expanding it.")
 @click.option("--force", is_flag=True, help="Overwrite the -o file if it exists (otherwise refused).")
 @click.option("--allow-different-machine", is_flag=True,
@@ -204,7 +197,8 @@ HEARTBEAT = 30.0
 class _ProgressLines:
     """``on_record`` writing one flushed line per finished record to ``stream``, for a log (`kbench run ... > log`,
     CI, nohup): ``[ 12/84 1:05] numpy-flash attention[...] passed 1.2 ms``, a failure with its reason; and after
-    :data:`HEARTBEAT` seconds without one, ``[ 12/84 2:05] still measuring (60 s since the last record)``."""
+    :data:`HEARTBEAT` seconds without one, ``[ 12/84 2:05] still measuring (60 s since the last record)``. Skipped
+    records get no line each: one line per skipped backend, with the count and the reason, when the run ends."""
 
     def __init__(self, stream, total: int) -> None:
         import threading
@@ -213,6 +207,9 @@ class _ProgressLines:
         self.stream, self.total, self.width = stream, total, len(str(total))
         self.start = self.last_record = self.last_line = time.monotonic()
         self.done, self.lock, self.stopped = 0, threading.Lock(), threading.Event()
+        from kbench.tables import SkippedTally
+
+        self.skipped = SkippedTally()
         threading.Thread(target=self._beat, name="kbench-progress", daemon=True).start()
 
     def _write(self, text: str) -> None:
@@ -232,7 +229,11 @@ class _ProgressLines:
 
         r = Record.of(rec)
         self.done, self.total = i, n
-        self.last_record = self.last_line = time.monotonic()
+        self.last_record = time.monotonic()
+        if r.status == "skipped":  # counted, summed up per backend at the end
+            self.skipped.add(safe_text(str(rec.get("backend"))), safe_text(str(r.reason or "no reason"))[:200])
+            return
+        self.last_line = self.last_record
         what = f"passed {fmt_time(r.median)}".rstrip() if r.passed else safe_text(r.status_text)[:200]
         self._write(f"{safe_text(str(rec.get('backend')))} {safe_text(str(rec.get('case_id')))} {what}")
 
@@ -246,7 +247,10 @@ class _ProgressLines:
                 self._write(f"still measuring ({int(now - self.last_record)} s since the last record)")
 
     def stop(self) -> None:
-        self.stopped.set()
+        if not self.stopped.is_set():
+            self.stopped.set()
+            for line in self.skipped.lines():
+                self._write(line)
 
 
 def _progress_lines(stream, total: int) -> _ProgressLines:

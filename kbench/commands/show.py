@@ -46,5 +46,9 @@ def show_command(result, fmt, keyword, profile, repro):
         click.echo(f"\nProfiles (Nsight Compute, outside the timed samples):\n{profile_table(records, fmt)}")
     if repro and fmt != "json":  # JSON: every record holds its ``repro`` already
         from kbench.record import repro_lines
+        from kbench.text import safe_text
 
-        click.echo("\nRepro (one command per record):\n" + repro_lines(records))
+        # one line per record, whatever the file holds: a newline (or any control character) in a repro is shown
+        # escaped, never as a line of its own that looks like another command
+        lines = (safe_text(repro_lines([r])).replace("\t", "\\t").replace("\n", "\\n") for r in records)
+        click.echo("\nRepro (one command per record):\n" + "\n".join(lines))

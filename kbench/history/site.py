@@ -214,18 +214,26 @@ def _steps_table(found: Sequence[Found], links: Links) -> str:
                    "environment changed"], rows, escape=False)
 
 
+def _write(path: Path, text: str, *, encoding: str = "utf-8") -> None:
+    """One page or asset, atomically and under the one rule of output paths (a regular file or a new path)."""
+    from kbench.outputs import write_text
+
+    write_text(path, text, option="-o")
+
+
 def write_site(out: Path, histories: Sequence[History], lineages: Sequence[LineageHistory], links: Links,
                compare_latest: Callable[[Sequence[Run], Sequence[Run]], str]) -> dict[str, Any]:
     """Write every page and asset under ``out``; returns counts for the command's last line."""
-    out.mkdir(parents=True, exist_ok=True)
-    assets = out / "assets"
-    assets.mkdir(exist_ok=True)
+    from kbench.outputs import check_output_dir
+
+    check_output_dir(out, option="-o")
+    assets = check_output_dir(out / "assets", option="-o")
     from plotly.offline import get_plotlyjs  # the plotly.js bundle the package ships: no network at view time
 
-    (assets / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
+    _write(assets / "plotly.min.js", get_plotlyjs(), encoding="utf-8")
     static = resources.files("kbench.history").joinpath("static")
     for name in ("history.js", "history.css"):
-        (assets / name).write_text(static.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+        _write(assets / name, static.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
 
     all_found: list[Found] = []
     charts = 0
@@ -236,18 +244,18 @@ def write_site(out: Path, histories: Sequence[History], lineages: Sequence[Linea
         charts += len(h.series)
         body = ('<div id="filters"></div><div id="details" class="details">click a point for its run, '
                 'result file and commit</div><div id="charts"></div>')
-        (out / machine_page_name(h.machine)).write_text(
+        _write(out / machine_page_name(h.machine),
             _page(f"history of {h.machine}", body, data=history_data(h, fits, links), charts=True), encoding="utf-8")
     for lin in lineages:
         body = (f"<p>{len(lin.versions)} committed versions, {lin.attempts} attempts. TFLOP/s of each version "
                 "(higher is better); bands: 95% interval from the run that measured the version.</p>"
                 '<div id="details" class="details">click a point for its version</div><div id="charts"></div>')
-        (out / f"lineage-{slug(lin.name)}.html").write_text(
+        _write(out / f"lineage-{slug(lin.name)}.html",
             _page(f"lineage {lin.name}", body, data=lineage_data(lin), charts=True), encoding="utf-8")
         charts += 1 + len(lin.cases)
-    (out / "index.html").write_text(_page("kbench history", _index(histories, lineages, all_found)), encoding="utf-8")
-    (out / "regressions.html").write_text(_page("steps found in the histories", _steps_table(all_found, links)),
+    _write(out / "index.html", _page("kbench history", _index(histories, lineages, all_found)), encoding="utf-8")
+    _write(out / "regressions.html", _page("steps found in the histories", _steps_table(all_found, links)),
                                           encoding="utf-8")
     summary = "\n".join(_summary_section(h, compare_latest) for h in histories)
-    (out / "summary.html").write_text(_page("latest commit vs previous commit", summary), encoding="utf-8")
+    _write(out / "summary.html", _page("latest commit vs previous commit", summary), encoding="utf-8")
     return {"pages": 3 + len(histories) + len(lineages), "charts": charts, "steps": len(all_found)}

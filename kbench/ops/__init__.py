@@ -46,6 +46,23 @@ class Case:
     def __getitem__(self, key: str) -> Any:
         return self.params[key]
 
+    # read like the dict of parameters its docs show: case.get("window_left"), "causal" in case, case.items()
+    def get(self, key: str, default: Any = None) -> Any:
+        """The parameter ``key``, or ``default`` when the op has no such parameter (``dict.get``)."""
+        return self.params.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.params
+
+    def keys(self):
+        return self.params.keys()
+
+    def items(self):
+        return self.params.items()
+
+    def values(self):
+        return self.params.values()
+
     @property
     def dtype(self) -> DType:
         return DType(self.params["dtype"])

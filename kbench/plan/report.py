@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Sequence
 
+from kbench.outputs import save_figure
 from kbench.plan.model import Assumptions, Plan, Planner, best_per_choice
 
 SIM_HEADERS = ("#", "plan", "pools (instances x devices)", "devices", "req/s", "out tok/s/dev", "req/$", "$/Mtok",
@@ -300,7 +301,7 @@ def plot_pareto(plans: Sequence[Plan], shares: Sequence[float], path: str, *, ti
         axes[0].text(0.5, 0.5, "no plan meets the SLO", transform=axes[0].transAxes, ha="center")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, option="--plots", dpi=120)
     plt.close(fig)
     return path
 
@@ -334,7 +335,7 @@ def plot_latency(plans: Sequence[Plan], path: str, *, title: str, top: int = 6) 
         axes[0].text(0.5, 0.5, "no simulated plan", transform=axes[0].transAxes, ha="center")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, option="--plots", dpi=120)
     plt.close(fig)
     return path
 

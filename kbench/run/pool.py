@@ -52,10 +52,13 @@ def default_case_timeout(timing: TimingSettings) -> float:
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
     """A sandboxed worker's environment (``scratch`` given): only the allow-listed variables
     (:data:`kbench.run.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
-    A trusted worker's: the parent's environment without credential-like names."""
+    A trusted worker's: the same allow-list by name plus its home, temp and caches
+    (:data:`kbench.run.sandbox.TRUSTED_ALLOW`), never the rest of the parent's environment."""
+    from kbench.run.sandbox import trusted_environment
+
     if scratch:
         return sandbox_environment(base, scratch)
-    env = {k: v for k, v in base.items() if not is_secret(k, v)}
+    env = trusted_environment(base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"

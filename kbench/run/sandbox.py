@@ -31,15 +31,41 @@ from typing import Iterable, Mapping
 #: the uid/gid candidate code runs as inside the sandbox (nobody); it maps to the invoking user outside
 SANDBOX_UID = 65534
 
-#: environment variables a sandboxed worker may see (fnmatch, case-sensitive); everything else is dropped
-ENV_ALLOW: tuple[str, ...] = (
-    "PATH", "LANG", "LANGUAGE", "LC_*", "TZ", "TERM",
-    "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS",
-    "OMP_*", "MKL_*", "OPENBLAS_*", "NUMEXPR_*", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS",
-    "TRITON_*", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_HOME", "CUDA_PATH",
-    "NVIDIA_*", "CUPY_*", "LD_LIBRARY_PATH", "CC", "CXX",
-    "KBENCH_PLUGINS", "KBENCH_DISABLE_PLUGINS", "KBENCH_CUDA_DEVICE", "KBENCH_TORCH_THREADS",
-)
+#: the environment passes by allow-list, exact names only (no wildcard: ``OPENBLAS_*`` would let ``OPENBLAS_TKN``
+#: through, and a deny-list of secret-looking names always misses one, ``..._PW``, ``...TKN...``)
+#: locale and terminal
+LOCALE_VARS: tuple[str, ...] = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE",
+                                "LC_MONETARY", "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE",
+                                "LC_MEASUREMENT", "LC_IDENTIFICATION", "TZ", "TERM")
+#: the interpreter's settings that change no path
+PYTHON_VARS: tuple[str, ...] = ("PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS")
+#: thread counts and BLAS/OpenMP tuning (the thread settings a run records and sets are among them)
+THREAD_VARS: tuple[str, ...] = (
+    "OMP_NUM_THREADS", "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY", "OMP_THREAD_LIMIT",
+    "OMP_MAX_ACTIVE_LEVELS", "OMP_STACKSIZE", "OMP_SCHEDULE", "GOMP_SPINCOUNT", "KMP_AFFINITY", "KMP_BLOCKTIME",
+    "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_THREADING_LAYER", "MKL_INTERFACE_LAYER", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE",
+    "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_NUM_THREADS", "OPENBLAS_DEFAULT_NUM_THREADS", "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE", "OPENBLAS_VERBOSE", "OPENBLAS_MAIN_FREE", "GOTO_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "KBENCH_TORCH_THREADS")
+#: GPUs, compilers and the kernel languages' switches that change no path outside the sandbox
+DEVICE_VARS: tuple[str, ...] = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING", "CUDA_HOME",
+    "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUPY_TF32", "CUPY_ACCELERATORS",
+    "TRITON_INTERPRET", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH", "TRITON_LIBCUDA_PATH",
+    "TRITON_DEBUG", "TRITON_PRINT_AUTOTUNING", "TRITON_ALWAYS_COMPILE", "TRITON_DEFAULT_FP_FUSION",
+    "TRITON_F32_DEFAULT", "TRITON_DISABLE_LINE_INFO", "LD_LIBRARY_PATH", "CC", "CXX")
+#: kbench's own switches a worker reads
+KBENCH_VARS: tuple[str, ...] = ("KBENCH_PLUGINS", "KBENCH_DISABLE_PLUGINS", "KBENCH_CUDA_DEVICE", "KBENCH_CUDA_GRAPH",
+                                "KBENCH_TEST_SLOWDOWN")
+#: environment variables a sandboxed worker may see (exact names); everything else is dropped
+ENV_ALLOW: tuple[str, ...] = ("PATH", *LOCALE_VARS, *PYTHON_VARS, *THREAD_VARS, *DEVICE_VARS, *KBENCH_VARS)
+#: what a trusted worker (a registered backend, a callable's pickle) keeps besides :data:`ENV_ALLOW`: its home,
+#: user, temporary directory and the caches of the compilers and libraries it loads (paths outside any sandbox)
+TRUSTED_ALLOW: tuple[str, ...] = (
+    "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+    "VIRTUAL_ENV", "CONDA_PREFIX", "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+    "CUPY_CACHE_DIR", "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE", "KBENCH_AOT_CACHE")
 
 #: names that look like credentials (fnmatch on the upper-cased name): the one list every worker's environment
 #: is filtered by (sandboxed ones: dropped even from allowed prefixes; trusted ones: dropped from the parent's
@@ -169,13 +195,22 @@ def is_secret(name: str, value: str = "") -> bool:
     return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_NAMES) or credential_value(value)
 
 
-def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
-    """The allow-listed part of ``base``, plus the worker's import path and a scratch home and temp dir."""
-    def allowed(name: str, value: str) -> bool:
-        return (any(fnmatch.fnmatchcase(name, p) for p in ENV_ALLOW)
-                and not any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY) and not is_secret(name, value))
+def _allowed(base: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The variables of ``base`` named in ``names`` (exact names), a value carrying a credential dropped too."""
+    keep = frozenset(names)
+    return {k: v for k, v in base.items() if k in keep and not credential_value(v)}
 
-    env = {k: v for k, v in base.items() if allowed(k, v)}
+
+def trusted_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """A trusted worker's environment: only :data:`ENV_ALLOW` and :data:`TRUSTED_ALLOW` of ``base``, by name."""
+    return _allowed(base, ENV_ALLOW + TRUSTED_ALLOW)
+
+
+def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]:
+    """The allow-listed part of ``base`` (:data:`ENV_ALLOW`, exact names), plus the worker's import path and a
+    scratch home and temp dir."""
+    env = {k: v for k, v in _allowed(base, ENV_ALLOW).items()
+           if not any(fnmatch.fnmatchcase(k.upper(), p) for p in ENV_DENY)}
     env.setdefault("PATH", os.defpath)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONFAULTHANDLER": "1", "PYTHONNOUSERSITE": "1",
@@ -186,10 +221,27 @@ def sandbox_environment(base: Mapping[str, str], scratch: str) -> dict[str, str]
     return env
 
 
-def _interpreter_roots() -> set[str]:
-    """The interpreter's own directories: its prefixes (a virtual environment's and its base's)."""
+#: what of an interpreter's prefix (a virtual environment's, its base's) a sandboxed worker reads: the library and
+#: executable folders and a venv's ``pyvenv.cfg``; never the prefix whole, whose root holds pip's configuration
+#: (``pip.conf``, where index credentials live) and whatever else was put there
+PREFIX_PARTS: tuple[str, ...] = ("bin", "lib", "lib64", "lib32", "include", "pyvenv.cfg")
+
+
+def _interpreter_prefixes() -> set[str]:
+    """The interpreter's prefixes (a virtual environment's and its base's)."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parent.parent)}
     return {os.path.realpath(r) for r in roots if r and os.path.isdir(r)}
+
+
+def _interpreter_roots() -> set[str]:
+    """The interpreter's own folders: :data:`PREFIX_PARTS` of each prefix that exist."""
+    out = set()
+    for prefix in _interpreter_prefixes():
+        for part in PREFIX_PARTS:
+            path = os.path.join(prefix, part)
+            if os.path.lexists(path):
+                out.add(os.path.realpath(path))
+    return out
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from kbench.api import BadInput
+from kbench.api import BadInput, FiniteOption as Finite
 
 from kbench_evolve.prompt import text_of
 
@@ -114,12 +114,12 @@ def _measure_or_explain(evaluator, kernel, label):
 
 def _budget_options(f):
     opts = [
-        click.option("--iterations", type=int, help="Variations to run (each ends at a commit or --max-steps)."),
-        click.option("--max-steps", type=int, help="Steps per variation (model calls; candidates for mutate)."),
-        click.option("--max-tokens", type=int, help="Total LLM tokens for the run."),
-        click.option("--max-cost", type=float, help="Total LLM cost for the run in USD (litellm cost tracking)."),
-        click.option("--max-time", type=float, help="Wall-clock seconds for the run (summed over resumes)."),
-        click.option("--max-bench-calls", type=int, help="kbench runs (checks, benchmarks, duels) for the run."),
+        click.option("--iterations", type=click.IntRange(min=0, max=10**9), help="Variations to run (each ends at a commit or --max-steps)."),
+        click.option("--max-steps", type=click.IntRange(min=0, max=10**9), help="Steps per variation (model calls; candidates for mutate)."),
+        click.option("--max-tokens", type=click.IntRange(min=0, max=10**15), help="Total LLM tokens for the run."),
+        click.option("--max-cost", type=Finite(min=0, max=1e9), help="Total LLM cost for the run in USD (litellm cost tracking)."),
+        click.option("--max-time", type=Finite(min=0, min_open=True, max=365 * 86400), help="Wall-clock seconds for the run (summed over resumes)."),
+        click.option("--max-bench-calls", type=click.IntRange(min=0, max=10**9), help="kbench runs (checks, benchmarks, duels) for the run."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -128,12 +128,12 @@ def _budget_options(f):
 
 def _model_options(f):
     opts = [
-        click.option("--llm-timeout", type=float, help="Seconds per model call [default: 120]."),
-        click.option("--llm-retries", type=int, help="Retries of a transient model error (capped backoff) "
+        click.option("--llm-timeout", type=Finite(min=0.1, max=86400), help="Seconds per model call [default: 120]."),
+        click.option("--llm-retries", type=click.IntRange(min=0, max=100), help="Retries of a transient model error (capped backoff) "
                                                      "[default: 4]."),
-        click.option("--price-input", type=float, help="USD per million input tokens, for a model litellm "
+        click.option("--price-input", type=Finite(min=0, max=1e6), help="USD per million input tokens, for a model litellm "
                                                        "cannot price (needed with --max-cost)."),
-        click.option("--price-output", type=float, help="USD per million output tokens (with --price-input)."),
+        click.option("--price-output", type=Finite(min=0, max=1e6), help="USD per million output tokens (with --price-input)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -145,7 +145,7 @@ def _outage_options(f):
         click.option("--unattended/--attended", default=None,
                      help="Unattended: an outage of the model or of the harness waits with capped backoff and "
                           "tries again instead of pausing (exit 3), up to --max-outage."),
-        click.option("--max-outage", type=float, help="Seconds an unattended run waits through one outage "
+        click.option("--max-outage", type=Finite(min=0, max=365 * 86400), help="Seconds an unattended run waits through one outage "
                                                       "before pausing [default: 86400]."),
     ]
     for o in reversed(opts):
@@ -166,11 +166,11 @@ def _budget_overrides(**kw):
 @click.option("--api-base", help="API base URL for the model (default $KBENCH_EVOLVE_API_BASE).")
 @click.option("--knowledge", "knowledge", multiple=True, type=click.Path(file_okay=False, exists=True),
               help="Extra knowledge folder (repeatable; also $KBENCH_EVOLVE_KNOWLEDGE).")
-@click.option("--rounds", type=int, default=2, show_default=True,
+@click.option("--rounds", type=click.IntRange(min=1, max=100), default=2, show_default=True,
               help="Interleaved champion/candidate rounds before a commit decision.")
-@click.option("--min-gain", type=float, default=0.0, show_default=True,
+@click.option("--min-gain", type=Finite(min=0, max=100), default=0.0, show_default=True,
               help="Required lower bound of the speedup's 95% CI above 1 (0.02 = 2%).")
-@click.option("--screen-ratio", type=float, default=0.9, show_default=True,
+@click.option("--screen-ratio", type=Finite(min=0, max=10), default=0.9, show_default=True,
               help="Drop a candidate at screening only when the top of its speedup's 95% CI against the "
                    "champion, measured in the same run, is below this.")
 @_model_options
@@ -186,7 +186,7 @@ def _budget_overrides(**kw):
 @click.option("--address", metavar="ADDR", help="The cluster for --executor ray (docs/scale-out.md).")
 @click.option("--executor-opt", "executor_opts", multiple=True, metavar="KEY=VALUE",
               help="An executor setting for screening runs, e.g. resource=gpu_slot (repeatable).")
-@click.option("--max-bench-per-variation", type=click.IntRange(1), default=None,
+@click.option("--max-bench-per-variation", type=click.IntRange(1, 10**6), default=None,
               help="kbench runs the agent's tools may start in one variation (a submit counts its rounds) "
                    "[default: the larger of 8 and --max-steps]; without --max-bench-calls the run's cap is "
                    "--iterations times this.")

@@ -16,10 +16,18 @@ in ``llm-errors.jsonl``:
 Before the first call :func:`preflight` refuses a model whose API key variable is not set, and a
 ``--max-cost`` budget for a model whose price nobody knows (neither litellm's table, litellm custom
 pricing, nor ``--price-input/--price-output``): an unpriced call is counted as unknown, never as $0.
+
+Every call has a wall-clock deadline kbench enforces (``--llm-timeout``, not only httpx's per-read timeout, which
+a provider sending a byte every few seconds never trips): the call runs in a thread the caller stops waiting for
+at the deadline, and the HTTP client litellm uses for OpenAI-compatible providers (``litellm.client_session``)
+stops reading a reply's body at the deadline and beyond :data:`REPLY_BYTES` (an 80 MB reply is never read
+whole). Every number a provider reports (token counts, cost) is bounded and typed before use (:func:`_count`).
 """
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -58,9 +66,21 @@ def classify(litellm, exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
         return "transient" if status >= 500 or status in (408, 409, 429) else "fatal"
-    if isinstance(exc, (TimeoutError, ConnectionError)):
+    if isinstance(exc, (TimeoutError, ConnectionError, ReplyTooLarge)) or _caused_by(exc, (TimeoutError,
+                                                                                            ReplyTooLarge)):
         return "transient"
     return "fatal"  # a configuration error of the client (no key, bad URL): retrying cannot fix it
+
+
+def _caused_by(exc: BaseException, kinds: tuple[type, ...]) -> bool:
+    """Whether ``exc`` wraps (``__cause__``/``__context__``, a few levels) an exception of ``kinds``."""
+    seen = 0
+    inner = exc.__cause__ or exc.__context__
+    while inner is not None and seen < 8:
+        if isinstance(inner, kinds):
+            return True
+        inner, seen = inner.__cause__ or inner.__context__, seen + 1
+    return False
 
 
 def valid_text(value: Any) -> str | None:
@@ -130,13 +150,141 @@ def redacted(messages: list[dict[str, Any]], values: list[str]) -> list[dict[str
     return [clean(m) for m in messages]
 
 
+#: the largest token count taken from a provider; beyond it the count is not believed (and estimated instead)
+MAX_COUNT = 10**15
+
+
 def _count(value: Any) -> int | None:
-    """A token count a provider reported: a whole number >= 0, else None (missing, negative, not a number)."""
-    try:
-        n = float(value)
-    except (TypeError, ValueError):
+    """A token count a provider reported: a whole number in [0, MAX_COUNT), else None (missing, negative, NaN,
+    infinite, 10**400, a string that is not a plain number, a list...). Never raises."""
+    if isinstance(value, bool):
         return None
-    return int(n) if n == n and 0 <= n < 1e15 else None
+    if isinstance(value, int):
+        return value if 0 <= value < MAX_COUNT else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and 0 <= value < MAX_COUNT else None
+    if isinstance(value, str):
+        text = value.strip()
+        if 0 < len(text) <= 16 and text.isascii() and text.isdigit():
+            return int(text)
+        try:
+            number = float(text) if len(text) <= 32 else math.nan
+        except ValueError:
+            return None
+        return int(number) if math.isfinite(number) and 0 <= number < MAX_COUNT else None
+    return None
+
+
+def _cost(value: Any) -> float | None:
+    """A cost computed from a provider's numbers: a finite float >= 0 (negative is 0), else None (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    if not math.isfinite(number):
+        return None
+    return max(0.0, number)
+
+
+# -- the call's deadline and the reply's size, enforced where the body is read ------------------------------------
+
+#: bytes of one reply's body read at most (the text kept is REPLY_CHARS characters; JSON escapes, tool calls and
+#: the envelope around it fit well within)
+REPLY_BYTES = 16 * 2**20
+#: seconds past the deadline the caller waits for the call's thread before it stops waiting
+DEADLINE_SLACK = 0.25
+
+_current = threading.local()  # the deadline and byte limit of the call made in this thread
+
+
+class ReplyTooLarge(Exception):
+    """A reply's body went past :data:`REPLY_BYTES`: the rest is not read."""
+
+
+class CallDeadline(TimeoutError):
+    """A model call ran past the deadline kbench sets for it (classified transient, like a provider timeout)."""
+
+
+def _bounded_client():
+    """An httpx client whose transport stops reading a reply at its call's deadline and past REPLY_BYTES."""
+    import httpx
+
+    class BoundedStream(httpx.SyncByteStream):
+        def __init__(self, inner, deadline: float | None, limit: int) -> None:
+            self.inner, self.deadline, self.limit = inner, deadline, limit
+
+        def __iter__(self):
+            size = 0
+            for chunk in self.inner:
+                size += len(chunk)
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise httpx.ReadTimeout("the model call's deadline passed while the reply was being read")
+                if size > self.limit:
+                    raise ReplyTooLarge(f"the provider's reply is larger than {self.limit:,} bytes; the rest was "
+                                        f"not read")
+                yield chunk
+
+        def close(self) -> None:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+
+    class BoundedTransport(httpx.BaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx.HTTPTransport()
+
+        def handle_request(self, request):
+            response = self.inner.handle_request(request)
+            deadline = getattr(_current, "deadline", None)
+            limit = getattr(_current, "limit", REPLY_BYTES)
+            response.stream = BoundedStream(response.stream, deadline, limit)
+            return response
+
+        def close(self) -> None:
+            self.inner.close()
+
+    return httpx.Client(transport=BoundedTransport())
+
+
+_client_lock = threading.Lock()
+
+
+def install_bounded_client(litellm) -> None:
+    """Make litellm's OpenAI-compatible calls read replies through :func:`_bounded_client` (once; a client the
+    user set is left alone)."""
+    with _client_lock:
+        if getattr(litellm, "client_session", None) is None:
+            litellm.client_session = _bounded_client()
+            litellm.client_session._kbench_bounded = True
+
+
+def call_with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], seconds: float) -> Any:
+    """``fn(**kwargs)`` in a thread, given up at ``seconds`` (+ :data:`DEADLINE_SLACK`): :class:`CallDeadline`.
+    The thread's reads stop at the deadline too (the bounded client), so a call given up does not read on."""
+    deadline = time.monotonic() + seconds
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        _current.deadline, _current.limit = deadline, REPLY_BYTES
+        try:
+            box["value"] = fn(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            if time.monotonic() >= deadline:  # the read stopped at the deadline: say so, whatever wrapped it
+                late = CallDeadline(f"no whole reply within the call's deadline of {seconds:g} s (--llm-timeout)")
+                late.__cause__ = exc
+                exc = late
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="kbench-evolve-model-call", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()) + DEADLINE_SLACK)
+    if thread.is_alive():
+        raise CallDeadline(f"no whole reply within the call's deadline of {seconds:g} s (--llm-timeout)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def uses_cache_control(model: str) -> bool:
@@ -233,8 +381,9 @@ class LLMClient:
             if self.api_base:
                 kwargs["api_base"] = self.api_base
             started = time.time()
+            install_bounded_client(litellm)
             try:
-                response = litellm.completion(**kwargs)
+                response = call_with_deadline(litellm.completion, kwargs, self.timeout)
             except Exception as exc:  # noqa: BLE001 - every provider error is classified below
                 kind = classify(litellm, exc)
                 self._log_error(exc, attempt, kind)
@@ -287,16 +436,13 @@ class LLMClient:
         else:
             try:
                 if estimated:
-                    cost = float(sum(litellm.cost_per_token(model=self.model, prompt_tokens=prompt,
-                                                            completion_tokens=completion)))
+                    cost = sum(litellm.cost_per_token(model=self.model, prompt_tokens=prompt,
+                                                      completion_tokens=completion))
                 else:
-                    cost = float(litellm.completion_cost(completion_response=response, model=self.model))
+                    cost = litellm.completion_cost(completion_response=response, model=self.model)
             except Exception:  # noqa: BLE001 - an unpriced model: tokens still count, cost is unknown
                 cost = None
-        if cost is not None and (cost != cost or cost == float("inf")):  # NaN or infinite: unknown, not counted
-            cost = None
-        elif cost is not None and cost < 0:  # a negative price never gives money back
-            cost = 0.0
+        cost = _cost(cost)  # NaN, infinite or not a number: unknown, not counted; negative: 0
         spent = self.ctx.spent
         spent.tokens += prompt + completion
         if cost is None:
@@ -334,7 +480,9 @@ def _reply_text(reply: dict[str, Any]) -> str:
 
 
 def _short(exc: Any, n: int = 200) -> str:
-    return " ".join(str(exc).split())[:n]
+    """An error's message on one line, without a traceback a library put inside it (litellm quotes one)."""
+    text = str(exc).split("Traceback (most recent call last)")[0]
+    return " ".join(text.split())[:n]
 
 
 def tool_schema(name: str, description: str, properties: dict[str, Any] | None = None,

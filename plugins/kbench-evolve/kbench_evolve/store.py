@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kbench.api import BadInput, atomic_write, atomic_write_json, now_iso, parse_json, read_json, read_text
+from kbench.api import (BadInput, atomic_write, atomic_write_json, check_output_dir, now_iso, parse_json, read_json,
+                        read_text)
 
 #: largest lineage file read (version.json, lineage.json), and the largest that grows with a run (state.json
 #: with the agent's conversation, attempts.jsonl, memory.md); kernel sources as kbench reads suites
@@ -159,7 +160,8 @@ class Lineage:
         if (root / "lineage.json").exists():
             raise BadInput(f"lineage {name!r} already exists", file=str(root),
                            fix=f"pick another name, continue it with `kbench evolve run {name}`, or delete {root}")
-        root.mkdir(parents=True, exist_ok=True)
+        check_output_dir(Path(workspace), option="--workspace")  # the one rule of output paths: no device, pipe...
+        check_output_dir(root, option="NAME")
         lineage = cls(root)
         stored = lineage.adopt_suite(suite_path)
         atomic_write_json(root / "lineage.json", {"format": "kbench-evolve-lineage", "version": 1, "name": name,

@@ -253,7 +253,8 @@ class AgentTools:
     def read_version(self, version: str | None = None) -> str:
         v = self.ctx.lineage.version(version)
         return (json.dumps({"version": v.label, "geomean": v.geomean, "scores": v.scores,
-                            "profile": v.meta.get("profile"), "source": v.source}, indent=1)
+                            "profile": v.meta.get("profile")}, indent=1)
+                + "\nsource:\n" + fence(v.source, f"{v.label}'s source, written by a model")
                 + "\nrationale:\n" + fence(v.meta.get("rationale"), f"{v.label}'s rationale, written by a model"))
 
     def list_knowledge(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,6 +30,52 @@ def error(status: int, message: str, code: str | None = None) -> tuple[int, dict
     return status, {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
 
 
+def drip(seconds_per_byte: float = 2.0, size: int = 10_000):
+    """A provider that sends its headers at once, then the body one byte every ``seconds_per_byte`` (never a
+    read timeout, a body that would take hours)."""
+    import time
+
+    def respond(handler) -> None:
+        body = json.dumps(reply("GIVE UP: slow")[1]).encode().ljust(size)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        try:
+            for i in range(len(body)):
+                handler.wfile.write(body[i:i + 1])
+                handler.wfile.flush()
+                time.sleep(seconds_per_byte)
+        except OSError:  # the client hung up: what a deadline does
+            pass
+
+    return respond
+
+
+def huge(size: int = 80 * 2**20):
+    """A provider whose reply is ``size`` bytes (its content mostly one long string), sent in 1 MiB pieces made
+    once (the server itself never holds the whole body)."""
+    def respond(handler) -> None:
+        head = json.dumps(reply("x")[1]).encode()
+        cut = head.index(b'"x"') + 2  # inside the content string, after its "x"
+        piece = b"y" * (1 << 20)
+        filler = size - len(head)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(head) + filler))
+        handler.end_headers()
+        try:
+            handler.wfile.write(head[:cut])
+            while filler > 0:
+                handler.wfile.write(piece[:filler])
+                filler -= len(piece)
+            handler.wfile.write(head[cut:])
+        except OSError:  # the client stopped reading: what the bound does
+            pass
+
+    return respond
+
+
 CONTEXT_OVERFLOW = error(400, "This model's maximum context length is 8192 tokens. However, your messages "
                               "resulted in 9100 tokens. Please reduce the length of the messages.",
                          "context_length_exceeded")
@@ -39,12 +86,14 @@ class ScriptedOpenAI:
         self.script = list(script)
         self.reject = reject
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request's arrival (its body read)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 server.requests.append(body)
+                server.arrivals.append(time.monotonic())
                 if not self.path.endswith("/chat/completions"):
                     status, payload = error(404, f"no route {self.path}")
                 elif body.get("model") in server.reject:
@@ -53,7 +102,11 @@ class ScriptedOpenAI:
                 elif not server.script:
                     status, payload = error(500, "the test script is exhausted")
                 else:
-                    status, payload = server.script.pop(0)
+                    item = server.script.pop(0)
+                    if callable(item):  # a misbehaving provider: writes its own response
+                        item(self)
+                        return
+                    status, payload = item
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

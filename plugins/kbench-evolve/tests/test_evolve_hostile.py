@@ -383,7 +383,7 @@ def test_missing_or_zero_usage_is_estimated_and_counted_as_such(lineage, api_key
 
 
 # --------------------------------------------------------------------------------------------
-# issue 34's evolve items
+# the log and the console: what a reader of a lineage sees
 
 
 def test_log_prints_the_re_measured_parent_beside_a_committed_child(lineage):

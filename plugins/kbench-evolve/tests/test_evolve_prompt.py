@@ -6,7 +6,7 @@ from kbench_evolve.engine import Budget, Spent, VariationContext
 from kbench_evolve.fitness import Evaluator
 from kbench_evolve.knowledge import KnowledgeBase
 from kbench_evolve.llm import uses_cache_control, with_cache_control
-from kbench_evolve.prompt import SYSTEM, brief, memory_text
+from kbench_evolve.prompt import SYSTEM, brief, fence, memory_text
 
 
 def test_the_brief_states_what_the_model_would_otherwise_guess(pm, lineage):
@@ -21,7 +21,8 @@ def test_the_brief_states_what_the_model_would_otherwise_guess(pm, lineage):
     assert "fp32 1e-5, fp16 1e-3, bf16 1e-2" in text
     assert "25 steps left in this variation" in text and "3 variations left" in text and "42 kbench runs left" in text
     assert "submit = 3 kbench runs" in text and "benchmark = 1 kbench run" in text
-    assert champ.source in text and all(case in text for case in champ.scores)
+    assert fence(champ.source, f"the champion {champ.label}'s source") in text  # inside the fence, whole
+    assert all(case in text for case in champ.scores)
     assert "SUBSTRATE = \"numpy\"" in text  # the kernel-file contract from the knowledge base
     assert "- first idea: bigger tiles" in text
     assert "GIVE UP:" in SYSTEM and "<<<<<<< SEARCH" in SYSTEM and ">>>>>>> REPLACE" in SYSTEM

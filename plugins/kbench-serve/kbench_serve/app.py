@@ -41,6 +41,7 @@ class Settings:
     rate: float = 10.0            # evaluations per second per token, sustained
     burst: int = 100              # evaluations a token may submit at once
     max_wait: float = 600.0       # seconds a synchronous request may wait for its verdict
+    warm: bool = True             # keep the judge's workers started between evaluations (kbench_serve.warm)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,11 +199,17 @@ class Service:
                                 ["stage"], registry=self.registry)
         self.refused = Counter("kbench_serve_refused_total", "requests refused", ["why"], registry=self.registry)
         self.mean_run = 2.0  # seconds per evaluation, for Retry-After
+        self.warm = None
 
     # -- slots ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._warm()
+        if self.settings.warm:
+            from kbench_serve.warm import WarmWorkers
+
+            self.warm = WarmWorkers()
+            self.warm.install()
         for i in range(self.settings.slots):
             t = threading.Thread(target=self._slot, name=f"kbench-serve-slot-{i}", daemon=True)
             t.start()
@@ -225,6 +232,9 @@ class Service:
             self.wake.notify_all()
         for t in self.threads:
             t.join(timeout=1)
+        if self.warm is not None:
+            self.warm.uninstall()
+            self.warm.close()
 
     def _slot(self) -> None:
         from kbench_serve.cascade import HarnessFailure, evaluate
@@ -261,6 +271,8 @@ class Service:
                 self.latency.observe(max(0.0, time.time() - row["created"]))
                 self.outcomes.labels(outcome).inc()
             self._notify(row["id"])
+            if self.warm is not None and not self.stopping.is_set():
+                self.warm.refill()  # after the verdict is out: the client never waits for these starts
 
     def submitted(self) -> None:
         with self.wake:

@@ -56,6 +56,17 @@ def set_worker_source(source) -> None:
     worker_source = source
 
 
+def started_worker(setup: WorkerSetup, label: str = "ready") -> Worker | None:
+    """A worker of ``setup`` started now (for a :data:`worker_source` to keep), or None when it did not start."""
+    worker = Worker(setup, label)
+    try:
+        worker.start()
+    except WorkerFailed:
+        worker.close()
+        return None
+    return worker
+
+
 def new_worker(setup: WorkerSetup, label: str) -> Worker:
     """A ready worker from :data:`worker_source` when it has one for ``setup``, else a fresh (unstarted) one."""
     source = worker_source

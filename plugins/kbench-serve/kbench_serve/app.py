@@ -216,15 +216,10 @@ class Service:
             self.threads.append(t)
 
     def _warm(self) -> None:
-        """Import the judge, load the plugins, probe the sandbox once: the first evaluation pays for none."""
-        import kbench.evaluators  # noqa: F401
-        import kbench.judge.judge  # noqa: F401
-        import kbench.run.runner  # noqa: F401
-        from kbench.api import get_plugin_manager
-        from kbench.run.sandbox import probe
+        """Import the judge and load the plugins: the first evaluation does not pay for them."""
+        from kbench.api import get_plugin_manager, plan_run, score_kernel  # noqa: F401 - imported now, not later
 
         get_plugin_manager()
-        probe()
 
     def stop(self) -> None:
         self.stopping.set()

@@ -60,10 +60,9 @@ def check_limits(task: Task, source: str) -> str | None:
 
 
 def check_static(task: Task, source: str) -> str | None:
-    from kbench.judge.policy import static_check
-    from kbench.run.runner import integrity_settings
+    from kbench.api import IntegritySettings, static_check
 
-    settings = integrity_settings(task.suite)
+    settings = IntegritySettings.from_mapping(task.suite.data.get("integrity"))  # checked when the task loaded
     if not settings.static_applies(False):
         return None
     try:
@@ -95,7 +94,7 @@ def evaluate(task: Task, source: str) -> tuple[str, float | None, dict[str, Any]
         return stop("static", why)
     stages.append(_stage("static", True))
 
-    from kbench.evaluators import EnvironmentFailure, score_kernel
+    from kbench.api import EnvironmentFailure, score_kernel
 
     tmp = Path(tempfile.mkdtemp(prefix="kbench-serve-"))
     try:
@@ -167,8 +166,7 @@ def _records(result_file: str | None) -> list[dict[str, Any]]:
 def _interval(records, backend: str, baseline: str) -> tuple[float | None, float | None]:
     """Geometric means over the cases of the per-case 95% bootstrap bounds of the speedup (kbench.compare's
     ratio test, as ``kbench compare --baseline`` and ``Measurement.speedups`` compute it)."""
-    from kbench.api import Record
-    from kbench.compare import Settings, geomean, ratio_test
+    from kbench.api import Record, geomean, ratio_test
 
     mine = {r["case_id"]: Record.of(r) for r in records if r.get("backend") == backend}
     theirs = {r["case_id"]: Record.of(r) for r in records if r.get("backend") == baseline}
@@ -177,7 +175,7 @@ def _interval(records, backend: str, baseline: str) -> tuple[float | None, float
         base = theirs.get(cid)
         if base is None or not rec.passed or not base.passed or len(rec.samples) < 2 or len(base.samples) < 2:
             continue
-        t = ratio_test(rec.samples, base.samples, Settings())
+        t = ratio_test(rec.samples, base.samples)  # base / kernel medians: > 1 is faster
         lows.append(t.ci_low)
         highs.append(t.ci_high)
     if not lows:

@@ -59,6 +59,14 @@ class Task:
                 "max_source_bytes": self.max_source_bytes}
 
 
+def describe_path(path: tuple, lines: dict) -> str:
+    """``line N`` of a key path (the nearest enclosing key with a line), else the path itself."""
+    for n in range(len(path), 0, -1):
+        if path[:n] in lines:
+            return f"line {lines[path[:n]]} ({'.'.join(map(str, path))})"
+    return ".".join(map(str, path)) or "top level"
+
+
 def _bad(file: Path, where: str, message: str, fix: str) -> BadInput:
     return BadInput(message, file=str(file), where=where, fix=fix)
 
@@ -66,7 +74,7 @@ def _bad(file: Path, where: str, message: str, fix: str) -> BadInput:
 def load_task(path: str | Path) -> Task:
     """One task file, validated: a bad key, a missing suite or a suite that is itself wrong raises
     :class:`kbench.api.BadInput` naming the file, the place and the fix."""
-    from kbench.yamlsource import describe_path, load_yaml
+    from kbench.api import load_yaml
 
     path = Path(path)
     data, lines = load_yaml(path)

@@ -44,7 +44,7 @@ class WarmWorkers:
 
     def refill(self) -> None:
         """Start what the last evaluations showed they need (called by a slot between evaluations)."""
-        from kbench.run.pool import Worker, WorkerFailed
+        from kbench.api import started_worker
 
         with self.lock:
             me = threading.get_ident()
@@ -53,11 +53,8 @@ class WarmWorkers:
             todo = [(s, n - len(self.ready.get(s, []))) for s, n in self.want.items()]
         for setup, missing in todo:
             for _ in range(max(0, missing)):
-                worker = Worker(setup, "warm")
-                try:
-                    worker.start()
-                except WorkerFailed:  # the next evaluation starts its own and records why, if it fails too
-                    worker.close()
+                worker = started_worker(setup, "warm")
+                if worker is None:  # the next evaluation starts its own and records why, if it fails too
                     continue
                 with self.lock:
                     self.ready.setdefault(setup, []).append(worker)
@@ -70,12 +67,11 @@ class WarmWorkers:
             w.close()
 
     def install(self) -> None:
-        from kbench.run.pool import set_worker_source
+        from kbench.api import set_worker_source
 
         set_worker_source(self)
 
     def uninstall(self) -> None:
-        from kbench.run.pool import set_worker_source, worker_source
+        from kbench.api import set_worker_source
 
-        if worker_source is self:
-            set_worker_source(None)
+        set_worker_source(None)

@@ -303,7 +303,8 @@ class Service:
 
     def retry_after(self) -> int:
         queued = self.store.queued()
-        return max(1, int(self.mean_run * (queued + 1) / max(1, self.settings.slots)))
+        # the time the queue ahead takes to drain, within [1 s, 5 min]: a client comes back to a shorter queue
+        return min(300, max(1, int(self.mean_run * (queued + 1) / max(1, self.settings.slots))))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 RETRY_STATUS = (429, 502, 503, 504)
+MAX_DELAY = 60.0  # seconds one retry waits at most, whatever Retry-After says
 
 
 class ServeError(Exception):
@@ -27,8 +28,13 @@ class ServeError(Exception):
 
 def _delay(attempt: int, backoff: float, response: httpx.Response | None) -> float:
     if response is not None and response.headers.get("Retry-After", "").isdigit():
-        return float(response.headers["Retry-After"])
-    return backoff * (2 ** attempt) * (0.5 + random.random() / 2)
+        return min(MAX_DELAY, float(response.headers["Retry-After"]))
+    return min(MAX_DELAY, backoff * (2 ** attempt) * (0.5 + random.random() / 2))
+
+
+def _waiting(wait: float, timeout: float) -> dict[str, Any]:
+    """A long poll's query and a read timeout that outlasts it."""
+    return {"params": {"wait": wait}, "timeout": timeout + wait} if wait else {}
 
 
 def _check(response: httpx.Response) -> dict[str, Any]:
@@ -47,9 +53,10 @@ class Client:
     evaluation (``outcome``, ``reward``, ``report``)."""
 
     def __init__(self, url: str = "http://127.0.0.1:8787", *, token: str | None = None, timeout: float = 30.0,
-                 retries: int = 6, backoff: float = 0.25) -> None:
+                 retries: int = 6, backoff: float = 0.25, http: httpx.Client | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+        self.http = http or httpx.Client(base_url=url, timeout=timeout)  # ``http``: e.g. FastAPI's TestClient
+        self.http.headers.update(headers)
         self.retries, self.backoff, self.timeout = retries, backoff, timeout
 
     def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
@@ -75,12 +82,10 @@ class Client:
                wait: float = 0.0) -> dict[str, Any]:
         body = {"task": task, "source": source, "idempotency_key": idempotency_key or uuid.uuid4().hex,
                 "force": force}
-        return self._request("POST", "/v1/evaluations", json=body, params={"wait": wait} if wait else None,
-                             timeout=self.timeout + wait)
+        return self._request("POST", "/v1/evaluations", json=body, **_waiting(wait, self.timeout))
 
     def get(self, ev_id: str, *, wait: float = 0.0) -> dict[str, Any]:
-        return self._request("GET", f"/v1/evaluations/{ev_id}", params={"wait": wait} if wait else None,
-                             timeout=self.timeout + wait)
+        return self._request("GET", f"/v1/evaluations/{ev_id}", **_waiting(wait, self.timeout))
 
     def evaluate(self, task: str, source: str, *, deadline: float = 600.0, poll: float = 20.0,
                  **kw: Any) -> dict[str, Any]:
@@ -139,12 +144,10 @@ class AsyncClient:
                      wait: float = 0.0) -> dict[str, Any]:
         body = {"task": task, "source": source, "idempotency_key": idempotency_key or uuid.uuid4().hex,
                 "force": force}
-        return await self._request("POST", "/v1/evaluations", json=body, params={"wait": wait} if wait else None,
-                                   timeout=self.timeout + wait)
+        return await self._request("POST", "/v1/evaluations", json=body, **_waiting(wait, self.timeout))
 
     async def get(self, ev_id: str, *, wait: float = 0.0) -> dict[str, Any]:
-        return await self._request("GET", f"/v1/evaluations/{ev_id}", params={"wait": wait} if wait else None,
-                                   timeout=self.timeout + wait)
+        return await self._request("GET", f"/v1/evaluations/{ev_id}", **_waiting(wait, self.timeout))
 
     async def evaluate(self, task: str, source: str, *, deadline: float = 600.0, poll: float = 20.0,
                        **kw: Any) -> dict[str, Any]:

@@ -129,6 +129,20 @@ def test_per_token_rate_limit(make_client):
         assert c.post("/v1/evaluations", json=body("# b"), headers=auth("bob")).status_code == 202  # bob's own budget
 
 
+def test_the_client_waits_out_a_429_and_retries_under_the_same_key(make_client):
+    from kbench_serve.client import Client
+
+    with make_client(rate=1.0, burst=1) as c:
+        client = Client(token=TOKENS["alice"], http=c, backoff=0.01)
+        first = client.submit("tiny", "# one\n" + kernel("honest_numpy"), idempotency_key="one")
+        t0 = time.monotonic()
+        second = client.submit("tiny", "# two\n" + kernel("honest_numpy"), idempotency_key="two")
+        assert time.monotonic() - t0 >= 0.9  # Retry-After: 1 was honoured, not the 0.01 s backoff
+        assert first["id"] != second["id"]
+        assert client.submit("tiny", "# two\n", idempotency_key="two")["id"] == second["id"]  # a replay
+        assert c.get("/healthz").json()["queued"] == 2
+
+
 def test_openapi_is_served_and_names_the_routes(make_client):
     with make_client() as c:
         spec = c.get("/openapi.json").json()

@@ -134,7 +134,9 @@ def test_red_team_kernels_get_the_verdicts_of_kbench_run(server_factory, tmp_pat
 def test_the_whole_red_team_corpus_gets_the_verdicts_of_kbench_run(server_factory, tmp_path):
     names = sorted(p.stem for p in REDTEAM.glob("*.py") if not p.stem.startswith("test_")
                    and p.stem not in ("infinite_loop", "memory_blowup", "detached_process", "empty_loop_burner",
-                                      "slow_check_batches"))
+                                      "slow_check_batches",
+                                      # verdicts that depend on timing, by design (tests/redteam says which)
+                                      "work_shift", "sometimes_zeros"))
     _same_verdicts(server_factory, tmp_path, names)
 
 

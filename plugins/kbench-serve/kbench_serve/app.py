@@ -217,9 +217,11 @@ class Service:
 
     def _warm(self) -> None:
         """Import the judge and load the plugins: the first evaluation does not pay for them."""
-        from kbench.api import get_plugin_manager, plan_run, score_kernel  # noqa: F401 - imported now, not later
+        import kbench.api as kb
 
-        get_plugin_manager()
+        kb.get_plugin_manager()
+        for name in ("score_kernel", "plan_run", "run_suite", "static_check"):  # their modules imported now
+            getattr(kb, name)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REDTEAM, TOKENS, kernel, write_tasks
+from serve_support import REDTEAM, TOKENS, kernel
 from kbench_serve.client import Client
 from kbench_serve.env import KernelAction, KernelEnv, reward_function
 from kbench_serve.store import Store

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import TOKENS, auth, kernel, write_tasks
+from serve_support import TOKENS, auth, kernel, write_tasks
 from kbench_serve.app import Settings, create_app, read_tokens
 from kbench_serve.tasks import load_tasks
 
@@ -241,3 +241,23 @@ def test_the_socket_scan_sees_a_wildcard_listener():
         s.bind(("0.0.0.0", 0))
         s.listen()
         assert "0.0.0.0" in listening_addresses(os.getpid())
+
+
+@pytest.mark.slow
+def test_ten_thousand_queued_requests_then_429_with_memory_bounded(make_client):
+    import resource
+
+    source = kernel("honest_numpy") + "#" * 20_000 + "\n"  # 21 KB each: 210 MB if the queue lived in memory
+    with make_client(max_queue=10_000, rate=1e6, burst=10_000_000) as c:
+        for i in range(200):  # warm: the allocator's first pools, FastAPI's first routes
+            c.post("/v1/evaluations", json=body(f"# warm {i}\n" + source), headers=auth("alice"))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for i in range(200, 10_000):
+            r = c.post("/v1/evaluations", json=body(f"# {i}\n" + source), headers=auth("alice"))
+            assert r.status_code == 202, (i, r.status_code)
+        r = c.post("/v1/evaluations", json=body("# over\n" + source), headers=auth("bob"))
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        # the 9,800 sources (about 205 MB) live in SQLite, not in the process
+        assert grew_kib < 48 * 1024, grew_kib
+        assert c.get("/healthz").json()["queued"] == 10_000

@@ -2,7 +2,7 @@
 never handed out again."""
 from __future__ import annotations
 
-from conftest import kernel, write_tasks
+from serve_support import kernel, write_tasks
 from kbench_serve.cascade import evaluate
 from kbench_serve.tasks import load_tasks
 from kbench_serve.warm import WarmWorkers

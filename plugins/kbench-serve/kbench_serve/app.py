@@ -234,42 +234,54 @@ class Service:
             self.warm.close()
 
     def _slot(self) -> None:
-        from kbench_serve.cascade import HarnessFailure, evaluate
+        import sys
+        import traceback
 
         while not self.stopping.is_set():
-            with self.wake:
-                row = self.store.claim(list(self.order))
-                if row is None:
-                    self.wake.wait(timeout=1.0)
-                    continue
-                self.order.pop(row["principal"], None)
-                self.order[row["principal"]] = None  # served now: last in line
-            self.running += 1
-            t0 = time.monotonic()
-            task = self.tasks.get(row["task"])
             try:
-                if task is None:
-                    outcome, reward, report = "error", None, {"stages": [{"stage": "server", "ok": False, "reason":
-                                                              f"the task {row['task']!r} is no longer served"}]}
-                else:
-                    outcome, reward, report = evaluate(task, row["source"])
-            except HarnessFailure as exc:
-                outcome, reward, report = "error", None, {"stages": [{"stage": "harness", "ok": False,
-                                                                      "reason": str(exc)}], "retry": True}
-            except Exception as exc:  # noqa: BLE001 - one evaluation, one verdict; the slot goes on
-                outcome, reward, report = "error", None, {"stages": [{"stage": "server", "ok": False,
-                                                                      "reason": f"{type(exc).__name__}: {exc}"}]}
-            finally:
-                self.running -= 1
-            elapsed = time.monotonic() - t0
-            self.mean_run = 0.8 * self.mean_run + 0.2 * elapsed
-            if self.store.finish(row["id"], row["attempt"], outcome, reward, {**report, "status": "done"}):
-                self.run_time.observe(elapsed)
-                self.latency.observe(max(0.0, time.time() - row["created"]))
-                self.outcomes.labels(outcome).inc()
-            self._notify(row["id"])
-            if self.warm is not None and not self.stopping.is_set():
-                self.warm.refill()  # after the verdict is out: the client never waits for these starts
+                self._one()
+            except Exception:  # noqa: BLE001 - the database or the host failed us: say so, keep the slot alive
+                print("kbench serve: a slot failed outside any evaluation (it goes on):", file=sys.stderr)
+                traceback.print_exc()
+                self.stopping.wait(1.0)
+
+    def _one(self) -> None:
+        """Claim one evaluation, run it, write its verdict once (or wait a moment when none is queued)."""
+        from kbench_serve.cascade import HarnessFailure, evaluate
+
+        with self.wake:
+            row = self.store.claim(list(self.order))
+            if row is None:
+                self.wake.wait(timeout=1.0)
+                return
+            self.order.pop(row["principal"], None)
+            self.order[row["principal"]] = None  # served now: last in line
+        self.running += 1
+        t0 = time.monotonic()
+        task = self.tasks.get(row["task"])
+        try:
+            if task is None:
+                outcome, reward, report = "error", None, {"stages": [{"stage": "server", "ok": False, "reason":
+                                                          f"the task {row['task']!r} is no longer served"}]}
+            else:
+                outcome, reward, report = evaluate(task, row["source"])
+        except HarnessFailure as exc:
+            outcome, reward, report = "error", None, {"stages": [{"stage": "harness", "ok": False,
+                                                                  "reason": str(exc)}], "retry": True}
+        except Exception as exc:  # noqa: BLE001 - one evaluation, one verdict; the slot goes on
+            outcome, reward, report = "error", None, {"stages": [{"stage": "server", "ok": False,
+                                                                  "reason": f"{type(exc).__name__}: {exc}"}]}
+        finally:
+            self.running -= 1
+        elapsed = time.monotonic() - t0
+        self.mean_run = 0.8 * self.mean_run + 0.2 * elapsed
+        if self.store.finish(row["id"], row["attempt"], outcome, reward, {**report, "status": "done"}):
+            self.run_time.observe(elapsed)
+            self.latency.observe(max(0.0, time.time() - row["created"]))
+            self.outcomes.labels(outcome).inc()
+        self._notify(row["id"])
+        if self.warm is not None and not self.stopping.is_set():
+            self.warm.refill()  # after the verdict is out: the client never waits for these starts
 
     def submitted(self) -> None:
         with self.wake:
@@ -281,7 +293,10 @@ class Service:
         with self.waiters_lock:
             waiting = self.waiters.pop(ev_id, [])
         for loop, fut in waiting:
-            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+            try:
+                loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+            except RuntimeError:  # that request's event loop is gone (the server is stopping)
+                pass
 
     async def wait(self, ev_id: str, principal: str, seconds: float) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()

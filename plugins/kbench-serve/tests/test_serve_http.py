@@ -173,6 +173,15 @@ def test_a_bad_task_file_names_the_file_the_place_and_the_fix(tmp_path):
         load_tasks(folder)
 
 
+def test_the_example_task_loads_and_shows_clients_nothing_held_out():
+    from serve_support import ROOT
+
+    task = load_tasks(ROOT / "examples" / "rl-loop" / "tasks")["attention-tiny"]
+    assert (task.baseline, task.held_out, task.n_cases) == ("numpy-flash", 3, 1)
+    public = task.public()
+    assert public["held_out"] == "checked (hidden)" and "suite" not in public and "seqlen" not in str(public)
+
+
 def _serve(tmp_path, *args, env=None):
     write_tasks(tmp_path / "tasks")
     return subprocess.run([sys.executable, "-m", "kbench.cli", "serve", "--tasks", str(tmp_path / "tasks"),

@@ -109,6 +109,15 @@ SURFACE: dict[str, tuple[str, str]] = {
     "CallableBackend": ("kbench.measurement", "CallableBackend"),
     # held-out shapes near a suite's, checked for correctness only (docs/fuzz.md): what scores a kernel uses
     "check_held_out": ("kbench.fuzz.heldout", "check_held_out"),
+    # scoring a candidate kernel file as evolvers and `kbench serve` do (docs/evaluators.md), and the static policy
+    # a service applies before it starts a worker (docs/integrity.md)
+    "score_kernel": ("kbench.evaluators", "score_kernel"),
+    "EnvironmentFailure": ("kbench.evaluators", "EnvironmentFailure"),
+    "static_check": ("kbench.judge.policy", "static_check"),  # static_check(source, IntegritySettings) -> violations
+    "IntegritySettings": ("kbench.judge.policy", "IntegritySettings"),
+    # a long-lived service keeps workers started ahead of time (docs/serve.md): pools take them from its source
+    "set_worker_source": ("kbench.run.pool", "set_worker_source"),
+    "started_worker": ("kbench.run.pool", "started_worker"),
     "executor_kit": ("kbench.run.executors", "PUBLIC"),  # executor plugins: Executor, SlotExecutor, NodeRunner... (docs/scale-out.md)
     "get_plugin_manager": ("kbench.plugins", "get_plugin_manager"),
     # small utilities plugins otherwise re-implement
@@ -126,6 +135,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "read_text": ("kbench.reader", "read_text"),
     "parse_json": ("kbench.reader", "parse_json"),
     "geomean": ("kbench.compare", "geomean"),
+    "ratio_test": ("kbench.compare", "ratio_test"),  # ratio_test(base_samples, new_samples): ratio, CI, p-value
+    "load_yaml": ("kbench.yamlsource", "load_yaml"),  # (data, {path tuple: line}) with the suite loader's limits
     "profile_summary": ("kbench.profiling", "profile_summary"),  # one line of a record's Nsight Compute profile
     "profile_from_output": ("kbench.profiling", "profile_from_output"),  # record["profile"] from ncu's CSV
     "parse_source": ("kbench.source", "parse_source"),  # ast.parse, safe from several threads
@@ -163,7 +174,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from kbench import hookimpl
     from kbench.backends import Backend, Kernel, TrainingKernel, Tunable
-    from kbench.compare import geomean
+    from kbench.compare import geomean, ratio_test
+    from kbench.evaluators import EnvironmentFailure, score_kernel
+    from kbench.judge.policy import IntegritySettings, static_check
+    from kbench.run.pool import set_worker_source, started_worker
+    from kbench.yamlsource import load_yaml
     from kbench.devices import Device
     from kbench.devices.interop import (as_cupy, as_numpy, as_torch, cuda_device_index, cuda_unavailable_reason,
                                         is_out_of_memory, oom_as_memory_error, to_device_array, torch_dtype)

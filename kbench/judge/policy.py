@@ -188,6 +188,10 @@ API_TARGETS: dict[str, str] = {
     "philox_source": "kbench.ops.inputs.philox_source", "RegeneratedInputs": "kbench.ops.inputs.RegeneratedInputs",
     "InputSpec": "kbench.ops.inputs.InputSpec", "unit_variance_input": "kbench.ops.inputs.unit_variance",
     "generate_input": "kbench.ops.inputs.generate", "philox_lanes": "kbench.ops.inputs.lanes",
+    "score_kernel": "kbench.evaluators.score_kernel", "EnvironmentFailure": "kbench.evaluators.EnvironmentFailure",
+    "static_check": "kbench.judge.policy.static_check", "IntegritySettings": "kbench.judge.policy.IntegritySettings",
+    "set_worker_source": "kbench.run.pool.set_worker_source", "started_worker": "kbench.run.pool.started_worker",
+    "ratio_test": "kbench.compare.ratio_test", "load_yaml": "kbench.yamlsource.load_yaml",
 }
 
 

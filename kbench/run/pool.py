@@ -43,6 +43,39 @@ from kbench.timing import TimingSettings, estimated_seconds
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
 MAX_WORKERS = 32             # live workers at most (about 110 MB of memory each when idle)
 
+#: Where a pool gets a worker it does not hold yet: None starts a fresh one. A long-lived service sets a
+#: callable ``(setup, label) -> Worker | None`` (:func:`set_worker_source`) that hands out workers started ahead
+#: of time with exactly that setup and never given a job, as clean as a fresh start (``kbench serve``'s warm
+#: workers, docs/serve.md); it answers None when it has none ready.
+worker_source = None
+
+
+def set_worker_source(source) -> None:
+    """Install (or, with None, remove) the process's source of ready workers (see :data:`worker_source`)."""
+    global worker_source
+    worker_source = source
+
+
+def started_worker(setup: WorkerSetup, label: str = "ready") -> Worker | None:
+    """A worker of ``setup`` started now (for a :data:`worker_source` to keep), or None when it did not start."""
+    worker = Worker(setup, label)
+    try:
+        worker.start()
+    except WorkerFailed:
+        worker.close()
+        return None
+    return worker
+
+
+def new_worker(setup: WorkerSetup, label: str) -> Worker:
+    """A ready worker from :data:`worker_source` when it has one for ``setup``, else a fresh (unstarted) one."""
+    source = worker_source
+    worker = source(setup, label) if source is not None else None
+    if worker is None:
+        return Worker(setup, label)
+    worker.label = label
+    return worker
+
 
 def default_case_timeout(timing: TimingSettings) -> float:
     """Seconds one (backend, case) may take when the suite and the command line say nothing."""
@@ -543,7 +576,7 @@ class WorkerPool:
                               "file, not picklable); untrusted code never runs in the parent")
             return rec
         key = "trusted" if backend.trusted else f"untrusted:{spec.key}"
-        worker = self.workers.pop(key, None) or Worker(self._setup(not backend.trusted), key)
+        worker = self.workers.pop(key, None) or new_worker(self._setup(not backend.trusted), key)
         self.workers[key] = worker  # most recently used last
         while len(self.workers) > self.max_workers:
             _, old = self.workers.popitem(last=False)

@@ -52,13 +52,17 @@ def default_case_timeout(timing: TimingSettings) -> float:
 def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[str, str]:
     """A sandboxed worker's environment (``scratch`` given): only the allow-listed variables
     (:data:`kbench.run.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
-    A trusted worker's: the parent's environment without credential-like names."""
+    A trusted worker's: the parent's environment without credential-like names. Both get the thread variables
+    of :func:`kbench.threads.thread_environment`."""
+    from kbench.threads import thread_environment  # the BLAS/OpenMP/torch threads kbench decides per worker
+
     if scratch:
-        return sandbox_environment(base, scratch)
+        return {**sandbox_environment(base, scratch), **thread_environment(base)}
     env = {k: v for k, v in base.items() if not is_secret(k, v)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
+    env.update(thread_environment(base))
     return env
 
 

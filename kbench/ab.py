@@ -148,15 +148,15 @@ def resolve_side(pm, op_name: str, spec: str, label: str, stack: contextlib.Exit
     return Side(label, spec, matched[0], f"backend {matched[0].name}")
 
 
-def distinct(old: Side, new: Side) -> None:
-    """OLD and NEW must be measured under different names: the same registered backend on both sides (an A/A
-    check of the gate) is measured as two copies, ``old:NAME`` and ``new:NAME``."""
-    if old.backend.name != new.backend.name:
-        return
-    for side in (old, new):
-        twin = copy.copy(side.backend)
-        twin.name = f"{side.label}:{side.backend.name}"
-        side.backend = twin
+def distinct(sides: Sequence[Side]) -> None:
+    """The sides must be measured under different names: the same registered backend on two sides (an A/A
+    check of the gate) is measured as copies named ``LABEL:NAME``."""
+    names = [s.backend.name for s in sides]
+    for side in sides:
+        if names.count(side.backend.name) > 1:
+            twin = copy.copy(side.backend)
+            twin.name = f"{side.label}:{side.backend.name}"
+            side.backend = twin
 
 
 # -- the order of the jobs ------------------------------------------------------------------------
@@ -436,24 +436,37 @@ def default_output(pm, device: str, suite) -> Path:
 
 @dataclass
 class ABRun:
-    """What :func:`run_ab` made: the result file, its records, the two sides and the order the jobs ran in."""
+    """What :func:`run_ab` made: the result file, its records, the sides (OLD first) and the jobs' order."""
 
     output: Path
     records: list[Any]
-    old: Side
-    new: Side
+    sides: list[Side]
     seed: int
     started: list[tuple[str, int, str]]
     data: dict[str, Any]
 
+    @property
+    def old(self) -> Side:
+        return self.sides[0]
 
-def run_ab(pm, suite, old_spec: str, new_spec: str, *, rounds: int = DEFAULT_ROUNDS, device: str = "auto",
-           keyword: str | None = None, output: Path | None = None, force: bool = False, isolate: bool = True,
-           case_timeout: float | None = None, allow_unsandboxed: bool = False, seed: int | None = None,
-           on_record: Callable[[dict[str, Any], int, int], None] | None = None) -> ABRun:
-    """Measure OLD and NEW on ``suite``'s cases in one run of the ordinary runner, rounds interleaved at random
-    (:class:`PairedOrder`); the result file is an ordinary result file (``kbench show``, ``compare --baseline``
-    read it) with an ``ab`` entry naming the sides and the seed of the order."""
+    @property
+    def new(self) -> Side:
+        return self.sides[1]
+
+
+def run_ab(pm, suite, old_spec: str, new_spec: str, **options: Any) -> ABRun:
+    """Measure OLD and NEW on ``suite``'s cases in one run (:func:`run_sides`)."""
+    return run_sides(pm, suite, [("old", old_spec), ("new", new_spec)], **options)
+
+
+def run_sides(pm, suite, specs: Sequence[tuple[str, str]], *, rounds: int = DEFAULT_ROUNDS, device: str = "auto",
+              keyword: str | None = None, output: Path | None = None, force: bool = False, isolate: bool = True,
+              case_timeout: float | None = None, allow_unsandboxed: bool = False, seed: int | None = None,
+              on_record: Callable[[dict[str, Any], int, int], None] | None = None) -> ABRun:
+    """Measure every side (``(label, spec)``: OLD first, then one or more NEWs) on ``suite``'s cases in one run of
+    the ordinary runner, rounds interleaved at random (:class:`PairedOrder`: the sides of a (case, round) back to
+    back); the result file is an ordinary result file (``kbench show``, ``compare --baseline`` read it) with an
+    ``ab`` entry naming the sides and the seed of the order."""
     from kbench.record import records_of
     from kbench.results import load_result
     from kbench.run.runner import RunRequest, make_executor, pick_device, plan_run, run_suite
@@ -464,21 +477,21 @@ def run_ab(pm, suite, old_spec: str, new_spec: str, *, rounds: int = DEFAULT_ROU
     seed = secrets.randbits(32) if seed is None else seed
     device_name = pick_device(pm, device)
     with contextlib.ExitStack() as stack:
-        old = resolve_side(pm, suite.op, old_spec, "old", stack)
-        new = resolve_side(pm, suite.op, new_spec, "new", stack)
-        distinct(old, new)
-        req = RunRequest(suite=suite, device=device_name, backend_patterns=["!*"], backends=[old.backend, new.backend],
-                         keyword=keyword, output=output or default_output(pm, device_name, suite), isolate=isolate,
+        sides = [resolve_side(pm, suite.op, spec, label, stack) for label, spec in specs]
+        distinct(sides)
+        req = RunRequest(suite=suite, device=device_name, backend_patterns=["!*"],
+                         backends=[s.backend for s in sides], keyword=keyword,
+                         output=output or default_output(pm, device_name, suite), isolate=isolate,
                          case_timeout=case_timeout, allow_unsandboxed=allow_unsandboxed, force=force, rounds=rounds)
         planned = plan_run(pm, req)
         ex = PairedOrder(make_executor(pm, planned), seed=seed)
         run_suite(pm, planned, executor=ex, on_record=on_record)
-    stamp_ab(planned.output, old, new, seed, rounds)
+    stamp_ab(planned.output, sides, seed, rounds)
     data = load_result(planned.output)
-    return ABRun(planned.output, records_of(data), old, new, seed, ex.started, data)
+    return ABRun(planned.output, records_of(data), sides, seed, ex.started, data)
 
 
-def stamp_ab(path: Path, old: Side, new: Side, seed: int, rounds: int) -> None:
+def stamp_ab(path: Path, sides: Sequence[Side], seed: int, rounds: int) -> None:
     """Name the sides (and how they were ordered) in the finished result file: ``ab``."""
     import json
 
@@ -488,8 +501,9 @@ def stamp_ab(path: Path, old: Side, new: Side, seed: int, rounds: int) -> None:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    data["ab"] = {"old": old.to_json(), "new": new.to_json(), "seed": seed, "rounds": rounds,
-                  "order": "each (case, round): OLD and NEW back to back in a random order; (case, round)s at random"}
+    data["ab"] = {"old": sides[0].to_json(), "new": [s.to_json() for s in sides[1:]], "seed": seed,
+                  "rounds": rounds,
+                  "order": "each (case, round): the sides back to back in a random order; (case, round)s at random"}
     atomic_write_json(Path(path), data)
 
 

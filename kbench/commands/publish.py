@@ -27,7 +27,7 @@ def _compare_latest(keyword: str | None):
         n = counts(pairs)
         line = ", ".join(f"{k} {c}" for c, k in n.items() if k)
         warn = machine_mismatch(base, new)
-        shown = [p for p in pairs if p.change in CHANGED + (Change.AMBIGUOUS,)]
+        shown = [p for p in pairs if p.change in CHANGED + (Change.MACHINE, Change.AMBIGUOUS)]
         out = f"<p>{len(pairs)} pairs: {html.escape(line)}</p>"
         if warn:
             out += f"<p><b>different machines</b> ({html.escape('; '.join(warn))}): ratios compare machines.</p>"

@@ -12,7 +12,8 @@ beside every try.
 
 Part 2, ``kbench regressions --fail``: ``--histories`` generated histories (3 backends x 4 cases, 12 runs, the
 noise of tests/history_synthetic.py: within-run spread, a slow tail, run-to-run jitter; slow windows of the
-machine slow 3-6 records measured one after another 1.3-1.8x, in 5% of the runs "idle" and 60% "loaded") whose
+machine slow 3-6 records measured one after another 1.3-1.8x (fewer at the end of a run), in 5% of the runs
+"idle" and 60% "loaded") whose
 newest run holds ``numpy-flash`` 1.3x slower on every case, beside the unchanged ``numpy`` and ``torch-sdpa``.
 Each history is judged by the CLI (``kbench regressions DIR --fail``); printed: how often the slowed backend is
 named, and how often an unchanged control is.
@@ -132,9 +133,14 @@ def write_history(directory: Path, rng, *, p_window: float, slowed: str, factor:
     the newest run holds ``slowed`` ``factor`` times slower on every case."""
     import datetime as _dt
 
+    import history_synthetic
     import numpy as np
     from history_synthetic import fake_commit, run_samples
     from synthetic_results import CPU_MACHINE, record, result
+
+    # the slow windows are drawn here, over records measured one after another (a window lasts about a second:
+    # several records of the smoke suite), never one record alone at random as run_samples would draw them
+    history_synthetic.P_SLOW_WINDOW = 0.0
 
     backends = ("numpy", "numpy-flash", "torch-sdpa")
     cases = [{"batch": 1, "seqlen_q": 32 * (c + 1), "seqlen_kv": 32 * (c + 1), "heads_q": 4, "heads_kv": 4,
@@ -165,7 +171,7 @@ def regressions_part(histories: int) -> None:
     import numpy as np
     from click.testing import CliRunner
 
-    from kbench.cli import main
+    from kbench.cli import cli
 
     runner = CliRunner()
     for name, p_window in (("idle", 0.05), ("loaded", 0.6)):
@@ -175,7 +181,7 @@ def regressions_part(histories: int) -> None:
             rng = np.random.default_rng(1000 * h + int(p_window * 100))
             with tempfile.TemporaryDirectory() as tmp:
                 write_history(Path(tmp), rng, p_window=p_window, slowed="numpy-flash", factor=1.3)
-                res = runner.invoke(main, ["regressions", tmp, "--fail", "--no-cache", "-j", "1"])
+                res = runner.invoke(cli, ["regressions", tmp, "--fail", "--no-cache", "-j", "1"])
             failed += res.exit_code == 1
             message = res.stderr if hasattr(res, "stderr") else res.output
             for b in named:

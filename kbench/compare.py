@@ -411,13 +411,15 @@ def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], fa
       ``factor``, and every other backend typically moved the same way at least half as far: a slow (or
       fast) run of the machine, or something every backend shares (kbench, the libraries), not one backend's
       code. A backend that changed beside unchanged ones is not explained.
-    * **a slow moment**: the record lies in a stretch of three consecutive records that all moved alike, the
-      other two of other backends: a slow window of the machine (about a second, 1.4-2x, every sample and the
+    * **a slow moment**: the record lies in a stretch of three consecutive records (two at either end of the
+      run) that all moved alike, the others of other backends: a slow window of the machine (about a second, 1.4-2x, every sample and the
       minimum too: docs/compare.md) slows whatever runs in it, while a change in the code slows its own
       backend. Each move is counted from its backend's typical move, so a backend that changed on every case
       is not explained away, and one that changed still shows a slow moment beside it: only a record beyond
       ``factor`` *from its backend's typical move* is examined, and the other two must each have moved at
-      least half as far the same way from theirs.
+      least half as far the same way from theirs. A record that moved less than its backend typically did is
+      never explained so (a slow moment adds to a move): the unaffected cases of a backend that changed, beside
+      its cases that also met a slow moment, are that backend's change.
 
     With one backend there is nothing to hold a record against, and nothing is explained. ``kbench compare``,
     ``kbench regressions`` and ``publish``'s summary all judge by this one rule."""
@@ -440,10 +442,15 @@ def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], fa
                 "or what every backend shares), not this backend's code")
             continue
         dev = devs[k]
-        if abs(dev) <= limit:
+        if abs(dev) <= limit or dev * lg <= 0:  # a slow moment adds to a record's move, never takes from it
             continue
-        for first in range(max(k - 2, 0), min(k, len(moves) - 3) + 1):
-            near = [m for m in range(first, first + 3) if m != k]
+        # stretches of three consecutive records holding k; at either end of the run, of two (a window that
+        # began before the run's first record or outlasted its last covers fewer)
+        stretches = [range(first, first + 3) for first in range(max(k - 2, 0), min(k, len(moves) - 3) + 1)]
+        if k == 0 or k == len(moves) - 1:
+            stretches.append(range(k, k + 2) if k == 0 else range(k - 1, k + 1))
+        for stretch in stretches:
+            near = [m for m in stretch if m != k]
             if all(moves[m][0] != backend and devs[m] * dev >= 0.5 * dev * dev for m in near):
                 out[k] = ("the records measured beside it moved alike ("
                           + ", ".join(f"{moves[m][0]} x{math.exp(moves[m][1]):.2f}" for m in near)

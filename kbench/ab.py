@@ -165,7 +165,9 @@ class PairedOrder(Executor):
     """Another executor's jobs, handed to it so that the sides of one (case, round) run back to back in a
     random order, and the (case, round)s that are ready in a random order too. The runner gives round k of a
     record once its round k-1 is back (kbench.run.rounds); this wrapper only chooses, among the jobs it holds,
-    which goes next, keeping ``inner``'s slots busy."""
+    which goes next, keeping ``inner``'s slots busy. Jobs are handed on when the runner waits for one
+    (:meth:`next_done`), never as they are submitted: the runner submits what is ready in a batch, and the
+    choice is among all of it (handed on at once, OLD, submitted first, would always run first)."""
 
     def __init__(self, inner: Executor, *, seed: int) -> None:
         self.inner = inner
@@ -184,8 +186,7 @@ class PairedOrder(Executor):
     def submit(self, job: Job) -> None:
         key = (job.case.id, job.backend.name)
         k = self.rounds_seen[key] = self.rounds_seen.get(key, 0) + 1  # a record's jobs come in round order
-        self.pending.append(((job.case.id, k), job))
-        self._feed()
+        self.pending.append(((job.case.id, k), job))  # handed on at next_done: the runner submits a batch first
 
     def _pick(self) -> tuple[tuple[str, int], Job]:
         mates = [i for i, (g, _) in enumerate(self.pending) if g == self.current]
@@ -201,6 +202,7 @@ class PairedOrder(Executor):
             self.in_flight += 1
 
     def next_done(self, timeout: float):
+        self._feed()
         got = self.inner.next_done(timeout)
         if got is not None:
             self.in_flight -= 1

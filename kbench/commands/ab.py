@@ -41,8 +41,8 @@ def print_verdict(run, verdict, fmt: str) -> None:
     from kbench.tables import fmt_time, render
 
     if fmt == "json":
-        click.echo(json.dumps({"output": str(run.output), "seed": run.seed, "old": run.old.to_json(),
-                               "new": run.new.to_json(), **verdict.to_json()}, indent=1))
+        click.echo(json.dumps({**verdict.to_json(), "output": str(run.output), "seed": run.seed,
+                               "old": run.old.to_json(), "new": run.new.to_json()}, indent=1))
         return
     if fmt == "csv":
         click.echo(render(["kind", "name", "verdict", "ratio", "ci_low", "ci_high", "old_median_s", "new_median_s",

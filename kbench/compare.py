@@ -44,7 +44,7 @@ class Change(str, Enum):
     FASTER = "faster"
     SAME = "same"
     AMBIGUOUS = "ambiguous"        # beyond the factor, but not significant or inside the noise
-    MACHINE = "machine-wide"       # beyond the factor, but every backend of the run moved alike (machine_moves)
+    MACHINE = "machine-wide"       # beyond the factor, but the other backends of the run moved alike (machine_moves)
     FAILING = "failing"            # passed before, does not pass now
     FIXED = "fixed"                # did not pass before, passes now
     INCOMPARABLE = "incomparable"  # missing on one side, or not passed on either
@@ -398,7 +398,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Sett
 
 
 #: how :func:`machine_moves` begins its reason when the whole run moved alike
-WHOLE_RUN = "every backend of the run moved alike"
+WHOLE_RUN = "the backends of the run moved alike"
 
 
 def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], factor: float) -> dict[int, str]:
@@ -408,9 +408,9 @@ def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], fa
     measured. Two tests, each holding a record against records of *other* backends measured in the same runs:
 
     * **the whole run moved**: the record's backend moved, typically (the median over its records), beyond
-      ``factor``, and every other backend typically moved the same way at least half as far: a slow (or
-      fast) run of the machine, or something every backend shares (kbench, the libraries), not one backend's
-      code. A backend that changed beside unchanged ones is not explained.
+      ``factor``, and at least half of the other backends typically moved the same way at least half as far:
+      a slow (or fast) run of the machine, or something every backend shares (kbench, the libraries), not one
+      backend's code. A backend that changed beside unchanged ones is not explained.
     * **a slow moment**: the record lies in a stretch of three consecutive records (two at either end of the
       run) that all moved alike, the others of other backends: a slow window of the machine (about a second, 1.4-2x, every sample and the
       minimum too: docs/compare.md) slows whatever runs in it, while a change in the code slows its own
@@ -435,8 +435,9 @@ def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], fa
     for k in examine:
         backend, lg = moves[k]
         t = typical[backend]
-        others = {b: v for b, v in typical.items() if b != backend}
-        if others and abs(t) > limit and lg * t > 0 and all(v * t >= 0.5 * t * t for v in others.values()):
+        others = [v for b, v in typical.items() if b != backend]
+        alike = sum(v * t >= 0.5 * t * t for v in others)
+        if others and abs(t) > limit and lg * t > 0 and 2 * alike >= len(others):
             out[k] = (WHOLE_RUN + " (" + ", ".join(
                 f"{b} x{math.exp(v):.2f}" for b, v in sorted(typical.items())) + "): machine-wide (the machine, "
                 "or what every backend shares), not this backend's code")

@@ -377,7 +377,7 @@ def test_a_slow_window_of_the_machine_is_ambiguous_but_a_backend_slower_everywhe
     # every backend of the run 11x slower: the control rule reports it as machine-wide (the machine, or what every
     # backend shares), never as one backend's regression, and never as "same"
     everything = compare_runs(base, _run({(c, b): 11.0 for c in range(4) for b in BACKENDS}, seed=4))
-    assert all(p.change is Change.MACHINE and "every backend of the run moved alike" in p.note for p in everything)
+    assert all(p.change is Change.MACHINE and "the backends of the run moved alike" in p.note for p in everything)
     c = write(tmp_path / "c.json", _run({(c, "numpy-flash"): 1.25 for c in range(4)}, seed=3))
     res = invoke(runner, "compare", a, c, "--fail-on-regression")
     assert res.exit_code == 1 and "numpy-flash slower x4" in res.stderr

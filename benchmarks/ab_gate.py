@@ -18,7 +18,8 @@ newest run holds ``numpy-flash`` 1.3x slower on every case, beside the unchanged
 Each history is judged by the CLI (``kbench regressions DIR --fail``); printed: how often the slowed backend is
 named, and how often an unchanged control is.
 
-Usage: python benchmarks/ab_gate.py [--tries 10] [--rounds 10] [--busy 2] [--histories 100] [--skip-ab]
+Usage: python benchmarks/ab_gate.py [--tries 10] [--rounds 10] [--busy 2] [--histories 100] [--threshold 2%]
+                                   [--skip-ab] [--skip-regressions]
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def write_history(directory: Path, rng, *, p_window: float, slowed: str, factor:
         (directory / CPU_MACHINE["id"] / f"attention-{run:04d}.json").write_text(json.dumps(data))
 
 
-def regressions_part(histories: int) -> None:
+def regressions_part(histories: int, threshold: str) -> None:
     import numpy as np
     from click.testing import CliRunner
 
@@ -181,12 +182,13 @@ def regressions_part(histories: int) -> None:
             rng = np.random.default_rng(1000 * h + int(p_window * 100))
             with tempfile.TemporaryDirectory() as tmp:
                 write_history(Path(tmp), rng, p_window=p_window, slowed="numpy-flash", factor=1.3)
-                res = runner.invoke(cli, ["regressions", tmp, "--fail", "--no-cache", "-j", "1"])
+                res = runner.invoke(cli, ["regressions", tmp, "--fail", "--no-cache", "-j", "1", "--threshold",
+                                            threshold])
             failed += res.exit_code == 1
             message = res.stderr if hasattr(res, "stderr") else res.output
             for b in named:
                 named[b] += f" {b} " in f" {message.split(':', 1)[-1].replace(',', ' ')} "
-        print(f"regressions --fail, {histories} generated histories, {name} (slow windows in "
+        print(f"regressions --fail --threshold {threshold}, {histories} generated histories, {name} (slow windows in "
               f"{100 * p_window:g}% of runs), numpy-flash 1.3x slower in the newest run: failed {failed}/{histories}; "
               f"slowed named {named['numpy-flash']}/{histories}; controls named: numpy {named['numpy']}, "
               f"torch-sdpa {named['torch-sdpa']}")
@@ -198,13 +200,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--histories", type=int, default=100)
+    ap.add_argument("--threshold", default="2%", help="regressions --threshold (default 2%%, its default)")
     ap.add_argument("--skip-ab", action="store_true")
     ap.add_argument("--skip-regressions", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     print(f"load average at start {loadavg()} ({os.cpu_count()} CPUs; a shared machine: other work runs beside)")
     if not args.skip_regressions:
-        regressions_part(args.histories)
+        regressions_part(args.histories, args.threshold)
     if not args.skip_ab:
         ab_part(args.tries, args.rounds, args.busy)
 

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -245,13 +245,6 @@ def paired_logs(old_rec, new_rec) -> list[float]:
     Revels, "Robust benchmarking in noisy environments", 2016)."""
     a, b = round_samples(old_rec), round_samples(new_rec)
     return [math.log(min(y) / min(x)) for x, y in zip(a, b) if len(x) and len(y) and min(x) > 0 and min(y) > 0]
-
-
-def median_logs(old_rec, new_rec) -> list[float]:
-    """Per round: log(NEW's median / OLD's median) in that round (shown beside the verdict, not judged)."""
-    a, b = round_samples(old_rec), round_samples(new_rec)
-    return [math.log(float(np.median(y)) / float(np.median(x))) for x, y in zip(a, b)
-            if len(x) and len(y) and np.median(x) > 0 and np.median(y) > 0]
 
 
 @dataclass

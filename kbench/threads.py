@@ -166,14 +166,16 @@ def load_state() -> dict[str, Any] | None:
             "busy": one > n}
 
 
-def load_line(state: Mapping[str, Any] | None) -> str:
-    """One line for the screen: the load, and when it exceeds the cores, what that means and what to do."""
+def load_line(state: Mapping[str, Any] | None, *, paired: bool = False) -> str:
+    """One line for the screen: the load, and when it exceeds the cores, what that means and what to do
+    (``paired``: for ``kbench ab``, which is what to do)."""
     if not state:
         return "load average: not known on this system"
     text = f"load average {state['load1']:.2f} on {state['cores']} cores"
     if state.get("busy"):
         text += (" (BUSY: more runnable work than cores; timings will be slower and noisier than on an idle "
-                 "machine; to gate a change here, time old and new in one run: kbench ab, docs/compare.md)")
+                 + ("machine; the pairs share each moment, so the intervals widen rather than move)" if paired else
+                    "machine; to gate a change here, time old and new in one run: kbench ab, docs/compare.md)"))
     return text
 
 

@@ -128,7 +128,7 @@ def ab_command(pm, suite, old, new, rounds, fail_threshold, threshold, confidenc
     narrow it), ! failing where OLD passed, * fixed, x incomparable.
 
     Exit status: 0; 1 with --fail-on-regression when a case, group or all cases are slower beyond the threshold
-    with confidence, or a case fails that OLD passed; 2 on bad input. See docs/compare.md, "A/B in one run".
+    with confidence, or a case fails that OLD passed; 2 on bad input. See docs/compare.md, "The gate on a busy machine".
     """
     from kbench.ab import DEFAULT_ROUNDS, DEFAULT_THRESHOLD, judge, run_ab
     from kbench.compare import group_key_for
@@ -141,7 +141,7 @@ def ab_command(pm, suite, old, new, rounds, fail_threshold, threshold, confidenc
     setting = apply_threads(None if threads is None else parse_threads(threads), in_process=not isolate)
     try:
         before = load_state()
-        click.echo(f"kbench ab: {the_suite.name}, {rounds or DEFAULT_ROUNDS} rounds; {load_line(before)}; "
+        click.echo(f"kbench ab: {the_suite.name}, {rounds or DEFAULT_ROUNDS} rounds; {load_line(before, paired=True)}; "
                    f"{setting.text}", err=True)
         run = run_ab(pm, the_suite, old, new, rounds=rounds or DEFAULT_ROUNDS, device=device, keyword=keyword,
                      output=output, force=force, isolate=isolate, case_timeout=case_timeout,

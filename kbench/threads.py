@@ -181,10 +181,17 @@ def load_line(state: Mapping[str, Any] | None, *, paired: bool = False) -> str:
 
 def busy(data: Mapping[str, Any]) -> bool:
     """Whether a result file says its machine was busy before or after its run (``machine.load``)."""
-    load = (data.get("machine") or {}).get("load")
+    return bool(loads(data)) and any(state.get("busy") is True for state in loads(data))
+
+
+def loads(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The load states a result file recorded (``machine.load.before`` and ``.after``) that hold a number."""
+    machine = data.get("machine")
+    load = machine.get("load") if isinstance(machine, Mapping) else None
     if not isinstance(load, Mapping):
-        return False
-    return any(isinstance(v, Mapping) and v.get("busy") for v in (load.get("before"), load.get("after")))
+        return []
+    return [v for v in (load.get("before"), load.get("after")) if isinstance(v, Mapping)
+            and isinstance(v.get("load1"), (int, float)) and not isinstance(v.get("load1"), bool)]
 
 
 def stamp_result(path, setting: ThreadSetting, before: Mapping[str, Any] | None,
@@ -229,7 +236,8 @@ def describe(data: Mapping[str, Any]) -> str | None:
     if isinstance(load, Mapping):
         for when in ("before", "after"):
             state = load.get(when)
-            if isinstance(state, Mapping) and "load1" in state:
+            if isinstance(state, Mapping) and isinstance(state.get("load1"), (int, float)) \
+                    and not isinstance(state.get("load1"), bool):
                 parts.append(f"load {when} {state['load1']:.2f} on {state.get('cores', '?')} cores"
                              + (" (BUSY)" if state.get("busy") else ""))
     return "; ".join(parts) or None

@@ -122,14 +122,12 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
             rounds = rounds_of(runs[0])
             pooled += f", {rounds} rounds" if rounds > 1 else ""
             click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
-        from kbench.threads import busy
+        from kbench.threads import busy, loads
 
         for arg, runs in zip(results, sides):
             for d in runs:
                 if busy(d):
-                    load = d["machine"]["load"]
-                    worst = max((v["load1"] for v in (load.get("before"), load.get("after"))
-                                 if isinstance(v, dict) and "load1" in v), default=0)
+                    worst = max(v["load1"] for v in loads(d))
                     click.echo(f"WARNING: {arg} was measured on a busy machine (load average up to {worst:.2f} on "
                                f"{d['machine'].get('cores', '?')} cores): its times are slower and noisier than "
                                "an idle run's, and a verdict against another moment means less; time both in one "
@@ -186,11 +184,12 @@ def undecided_note(results, sides, data, pairs) -> None:
         return
     backends = list(dict.fromkeys(p.backend for p in open_pairs))
     suite = (data[1].get("suite") or {}).get("path")
-    commits = [((d.get("environment") or {}).get("git_commit") or "").removesuffix("-dirty") for d in data]
+    commits = [str((d.get("environment") or {}).get("git_commit") or "").removesuffix("-dirty") for d in data]
     files = {}
     for p in open_pairs:
-        path = ((p.new.backend_info if p.new is not None else None) or {}).get("kernel_file")
-        if path:
+        info = p.new.backend_info if p.new is not None else None
+        path = info.get("kernel_file") if isinstance(info, dict) else None
+        if isinstance(path, str) and path:
             files[p.backend] = path
     why = "measured on a busy machine" if loaded else "each measured in one round at its own moment"
     click.echo(f"cannot decide {len(open_pairs)} pair{'s' * (len(open_pairs) != 1)} ({', '.join(backends[:4])}"

@@ -20,6 +20,7 @@ named, and how often an unchanged control is.
 
 Usage: python benchmarks/ab_gate.py [--tries 10] [--rounds 10] [--busy 2] [--histories 100] [--threshold 2%]
                                    [--skip-ab] [--skip-regressions]
+       python benchmarks/ab_gate.py --analyse DIR     (judge the A/B runs a run left in DIR again)
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ def ab_part(tries: int, rounds: int, busy: int) -> None:
     suite = load_suite(ROOT / "suites" / "smoke.yaml")
     key = group_key_for(pm.registry)
     work = Path(tempfile.mkdtemp(prefix="kbench-ab-gate-"))
+    print(f"A/B result files in {work} (python benchmarks/ab_gate.py --analyse {work})")
     specs = []
     for label, stretch in SIDES:
         path = work / f"{label.replace('.', '_')}.py"
@@ -126,6 +128,35 @@ def ab_part(tries: int, rounds: int, busy: int) -> None:
             slower, judged = cases[label]
             what = "false alarms" if label == "same" else "caught"
             print(f"  {label:6s} gate failed {gate[label]}/{tries} ({what}); cases called slower {slower}/{judged}")
+
+
+def analyse(directory: Path) -> None:
+    """Judge the A/B runs a part-1 run left in ``directory`` (ab-LOOPS-TRY.json) again, per load: the gate's
+    failures split into a timing verdict (a case, group or all cases slower) and a record that failed its
+    checks on NEW's side where OLD's passed (the judge's integrity checks: not a timing verdict)."""
+    from kbench.ab import FAILING, SLOWER, judge
+    from kbench.compare import group_key_for
+    from kbench.plugins import get_plugin_manager
+    from kbench.record import records_of
+    from kbench.results import load_result
+
+    key = group_key_for(get_plugin_manager().registry)
+    files = sorted(directory.glob("ab-*.json"))
+    for loops in sorted({f.stem.split("-")[1] for f in files}):
+        runs = [f for f in files if f.stem.split("-")[1] == loops]
+        print(f"{len(runs)} A/B runs with {loops} busy loops beside them (judged again from {directory}):")
+        for label, _ in SIDES[1:]:
+            timing = failing = slower_cases = judged = 0
+            for f in runs:
+                recs = records_of(load_result(f))
+                v = judge(recs, "old:attn", f"{label}:attn", key)
+                timing += any(c.verdict == SLOWER for c in v.cases) or any(
+                    g.verdict == SLOWER for g in v.groups + ([v.overall] if v.overall else []))
+                failing += any(c.verdict == FAILING for c in v.cases)
+                slower_cases += sum(c.verdict == SLOWER for c in v.cases)
+                judged += len(v.cases)
+            print(f"  {label:6s} gate failed on timing {timing}/{len(runs)}, on a failing record {failing}/{len(runs)}; "
+                  f"cases slower {slower_cases}/{judged}")
 
 
 def write_history(directory: Path, rng, *, p_window: float, slowed: str, factor: float, runs: int = 12) -> None:
@@ -201,10 +232,14 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--histories", type=int, default=100)
     ap.add_argument("--threshold", default="2%", help="regressions --threshold (default 2%%, its default)")
+    ap.add_argument("--analyse", type=Path, metavar="DIR", help="judge the A/B runs left in DIR again, and stop")
     ap.add_argument("--skip-ab", action="store_true")
     ap.add_argument("--skip-regressions", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if args.analyse:
+        analyse(args.analyse)
+        return
     print(f"load average at start {loadavg()} ({os.cpu_count()} CPUs; a shared machine: other work runs beside)")
     if not args.skip_regressions:
         regressions_part(args.histories, args.threshold)

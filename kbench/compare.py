@@ -44,6 +44,7 @@ class Change(str, Enum):
     FASTER = "faster"
     SAME = "same"
     AMBIGUOUS = "ambiguous"        # beyond the factor, but not significant or inside the noise
+    MACHINE = "machine-wide"       # beyond the factor, but the other backends of the run moved alike (machine_moves)
     FAILING = "failing"            # passed before, does not pass now
     FIXED = "fixed"                # did not pass before, passes now
     INCOMPARABLE = "incomparable"  # missing on one side, or not passed on either
@@ -56,12 +57,13 @@ class Change(str, Enum):
         return _MARKS[self]
 
 
-_MARKS = {Change.SLOWER: "+", Change.FASTER: "-", Change.SAME: " ", Change.AMBIGUOUS: "~",
+_MARKS = {Change.SLOWER: "+", Change.FASTER: "-", Change.SAME: " ", Change.AMBIGUOUS: "~", Change.MACHINE: "m",
           Change.FAILING: "!", Change.FIXED: "*", Change.INCOMPARABLE: "x"}
 
 #: the classes --only-changed keeps and the order --sort change uses
 CHANGED = (Change.FAILING, Change.SLOWER, Change.FASTER, Change.FIXED)
-_CHANGE_ORDER = {c: i for i, c in enumerate(CHANGED + (Change.AMBIGUOUS, Change.INCOMPARABLE, Change.SAME))}
+_CHANGE_ORDER = {c: i for i, c in enumerate(CHANGED + (Change.MACHINE, Change.AMBIGUOUS, Change.INCOMPARABLE,
+                                                         Change.SAME))}
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,16 @@ def fastest_agree(test: RatioTest) -> bool:
         abs(math.log(test.min_ratio) - move) <= 0.5 * abs(move)
 
 
+def limit_reason(test: RatioTest, settings: Settings) -> str:
+    """What the smallest ratio a verdict needs here is made of, in words: the samples' own uncertainty (a
+    standard error of the log ratio) and the run-to-run scatter, and which of the two dominates."""
+    within = test.se_log if math.isfinite(test.se_log) else 0.0
+    between = settings.run_noise * math.sqrt(1 / test.runs[0] + 1 / test.runs[1])
+    mostly = "the samples' own uncertainty" if within >= between else "the run-to-run scatter"
+    return (f"a verdict needs a ratio beyond {test.run_limit(settings):.3f} here, mostly from {mostly}: samples "
+            f"+-{100 * within:.1f}%, runs +-{100 * between:.1f}% (run-to-run scatter {100 * settings.run_noise:g}%)")
+
+
 def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, str]:
     """The class of a timing change and, for ``ambiguous``, why it is not a verdict."""
     slower, faster = test.ratio >= settings.factor, test.ratio <= 1 / settings.factor
@@ -202,8 +214,7 @@ def classify(test: RatioTest, settings: Settings = Settings()) -> tuple[Change, 
         return Change.AMBIGUOUS, (f"not significant (p={test.p_value:.2g}, "
                                   f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f})")
     if test.run_z(settings.run_noise) <= _z(settings.alpha):
-        return Change.AMBIGUOUS, (f"within the variation between runs (beyond {test.run_limit(settings):.3f} "
-                                  f"at run-to-run scatter {100 * settings.run_noise:g}%)")
+        return Change.AMBIGUOUS, f"within the variation between runs ({limit_reason(test, settings)})"
     # a record's own spread is its noise floor, unless its fastest samples moved as the median did: interference
     # widens the spread (and hides a change of the median in it) but leaves the fastest samples clean
     if abs(math.log(test.ratio)) <= math.log1p(test.noise) and not fastest_agree(test):
@@ -386,40 +397,82 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], settings: Sett
     return machine_moved([compare_pair(p, settings, runs) for p in pairs.values()], settings)
 
 
-def machine_moved(pairs: list[Pair], settings: Settings) -> list[Pair]:
-    """Withdraw a verdict (make it ``ambiguous``) when the pair lies in a stretch of three consecutive timed
-    records (in the run's order) that all moved alike, the other two of other backends: a slow window of the
-    machine (about a second, 1.4-2x, every sample and the minimum too: docs/compare.md) slows whatever runs
-    in it, while a change in the code slows its own backend.
+#: how :func:`machine_moves` begins its reason when the whole run moved alike
+WHOLE_RUN = "the backends of the run moved alike"
 
-    Each record's move is counted from its backend's typical move (the median log ratio of that backend's
-    pairs), so a change of a backend on every case (a new compiler, an 11x slowdown everywhere) is not
-    explained away, and a backend that really changed still shows a slow moment beside it: only a pair
-    beyond the factor *from its backend's typical move* is examined, and the other two must each have moved
-    at least half as far the same way from theirs. With one backend in the runs there is nothing to hold a
-    pair against, and nothing changes."""
-    timed = [i for i, p in enumerate(pairs) if p.test is not None]
-    if len(timed) < 3:
-        return pairs
-    logs = [math.log(pairs[i].test.ratio) for i in timed]
+
+def machine_moves(moves: Sequence[tuple[str, float]], examine: Iterable[int], factor: float) -> dict[int, str]:
+    """The control rule: which of the moves at indices ``examine`` the machine explains, and why.
+
+    ``moves`` are (backend, log of new / old time) of the timed records of one run, in the order they were
+    measured. Two tests, each holding a record against records of *other* backends measured in the same runs:
+
+    * **the whole run moved**: the record's backend moved, typically (the median over its records), beyond
+      ``factor``, and every other backend typically moved the same way at least half as far (with half of them
+      enough, a slow window over half the run made a slowed backend machine-wide: 87 of 100 named instead of 98):
+      a slow (or fast) run of the machine, or something every backend shares (kbench, the libraries), not one
+      backend's code. A backend that changed beside unchanged ones is not explained.
+    * **a slow moment**: the record lies in a stretch of three consecutive records (two at either end of the
+      run) that all moved alike, the others of other backends: a slow window of the machine (about a second, 1.4-2x, every sample and the
+      minimum too: docs/compare.md) slows whatever runs in it, while a change in the code slows its own
+      backend. Each move is counted from its backend's typical move, so a backend that changed on every case
+      is not explained away, and one that changed still shows a slow moment beside it: only a record beyond
+      ``factor`` *from its backend's typical move* is examined, and the other two must each have moved at
+      least half as far the same way from theirs. A record that moved less than its backend typically did is
+      never explained so (a slow moment adds to a move): the unaffected cases of a backend that changed, beside
+      its cases that also met a slow moment, are that backend's change.
+
+    With one backend there is nothing to hold a record against, and nothing is explained. ``kbench compare``,
+    ``kbench regressions`` and ``publish``'s summary all judge by this one rule."""
+    limit = math.log(factor)
+    if len(moves) < 2:
+        return {}
     per_backend: dict[str, list[float]] = {}
-    for i, lg in zip(timed, logs):
-        per_backend.setdefault(pairs[i].backend, []).append(lg)
+    for backend, lg in moves:
+        per_backend.setdefault(backend, []).append(lg)
     typical = {b: float(np.median(v)) for b, v in per_backend.items()}
-    devs = [lg - typical[pairs[i].backend] for i, lg in zip(timed, logs)]
-    for k, i in enumerate(timed):
-        p, dev = pairs[i], devs[k]
-        if p.change not in (Change.SLOWER, Change.FASTER) or abs(dev) <= math.log(settings.factor):
+    devs = [lg - typical[b] for b, lg in moves]
+    out: dict[int, str] = {}
+    for k in examine:
+        backend, lg = moves[k]
+        t = typical[backend]
+        others = [v for b, v in typical.items() if b != backend]
+        if others and abs(t) > limit and lg * t > 0 and all(v * t >= 0.5 * t * t for v in others):
+            out[k] = (WHOLE_RUN + " (" + ", ".join(
+                f"{b} x{math.exp(v):.2f}" for b, v in sorted(typical.items())) + "): machine-wide (the machine, "
+                "or what every backend shares), not this backend's code")
             continue
-        for first in range(max(k - 2, 0), min(k, len(timed) - 3) + 1):
-            others = [m for m in range(first, first + 3) if m != k]
-            if all(pairs[timed[m]].backend != p.backend and devs[m] * dev >= 0.5 * dev * dev for m in others):
-                p.change = Change.AMBIGUOUS
-                p.note = "; ".join(n for n in (
-                    "the records measured beside it moved alike ("
-                    + ", ".join(f"{pairs[timed[m]].backend} x{pairs[timed[m]].test.ratio:.2f}" for m in others)
-                    + "): a slow moment of the machine, not the code?", p.note) if n)
+        dev = devs[k]
+        if abs(dev) <= limit or dev * lg <= 0:  # a slow moment adds to a record's move, never takes from it
+            continue
+        # stretches of three consecutive records holding k; at either end of the run, of two (a window that
+        # began before the run's first record or outlasted its last covers fewer)
+        stretches = [range(first, first + 3) for first in range(max(k - 2, 0), min(k, len(moves) - 3) + 1)]
+        if k == 0 or k == len(moves) - 1:
+            stretches.append(range(k, k + 2) if k == 0 else range(k - 1, k + 1))
+        for stretch in stretches:
+            near = [m for m in stretch if m != k]
+            if all(moves[m][0] != backend and devs[m] * dev >= 0.5 * dev * dev for m in near):
+                out[k] = ("the records measured beside it moved alike ("
+                          + ", ".join(f"{moves[m][0]} x{math.exp(moves[m][1]):.2f}" for m in near)
+                          + "): a slow moment of the machine, not the code?")
                 break
+    return out
+
+
+def machine_moved(pairs: list[Pair], settings: Settings) -> list[Pair]:
+    """Withdraw a verdict where the control rule (:func:`machine_moves`) says the machine moved: ``machine-wide``
+    when the whole run moved alike (never a regression for the gate, but reported), ``ambiguous`` when the
+    records measured beside it did."""
+    timed = [i for i, p in enumerate(pairs) if p.test is not None]
+    if len(timed) < 2:
+        return pairs
+    moves = [(pairs[i].backend, math.log(pairs[i].test.ratio)) for i in timed]
+    examine = [k for k, i in enumerate(timed) if pairs[i].change in (Change.SLOWER, Change.FASTER)]
+    for k, why in machine_moves(moves, examine, settings.factor).items():
+        p = pairs[timed[k]]
+        p.change = Change.MACHINE if why.startswith(WHOLE_RUN) else Change.AMBIGUOUS
+        p.note = "; ".join(n for n in (why, p.note) if n)
     return pairs
 
 

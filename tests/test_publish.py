@@ -242,3 +242,41 @@ def test_latest_vs_previous_compares_two_commits_and_pools_reruns_of_one(tmp_pat
     assert [r.path for r in prev] == [paths[1]] and [r.path for r in last] == [paths[2], paths[3]]
     same = latest_pair([runs[2], runs[3]])  # one commit only: the newest run against the others
     assert [r.path for r in same[0]] == [paths[2]] and [r.path for r in same[1]] == [paths[3]]
+
+
+def test_the_summary_holds_a_change_against_the_other_backends_of_the_runs(tmp_path):
+    """The summary called two runs of the same code "faster" (0.62, p = 0.0005) when the previous run had met a
+    slow machine: every backend of it was slower. Now the control rule of compare judges the summary too: every
+    backend moved alike, so the pairs are machine-wide, never "faster"; a backend that moved alone still is."""
+    from kbench.stats import summarize
+
+    paths = hs.write_history(tmp_path / "r", seed=8, n=3, backends=("numpy", "numpy-flash", "torch-sdpa"))
+
+    def scale(path, factor, backends):
+        data = json.loads(path.read_text())
+        for rec in data["records"]:
+            if rec["backend"] in backends:
+                rec["timing"]["samples"] = [s * factor for s in rec["timing"]["samples"]]
+                rec["stats"] = summarize(rec["timing"]["samples"])
+        path.write_text(json.dumps(data))
+
+    scale(paths[1], 1.6, ("numpy", "numpy-flash", "torch-sdpa"))  # the previous run met a slow machine
+    out = tmp_path / "site"
+    assert invoke("publish", tmp_path / "r", "-o", out, "--no-cache", "-j", "1").exit_code == 0
+    text = html.unescape((out / "summary.html").read_text())
+    assert "6 pairs: 6 machine-wide" in text and "the backends of the run moved alike" in text
+    assert ">faster<" not in text and ">slower<" not in text
+    # a history where only numpy-flash got slower in the newest run: its pairs are slower, the others the same
+    paths = hs.write_history(tmp_path / "alone", seed=9, n=3, backends=("numpy", "numpy-flash", "torch-sdpa"))
+    scale(paths[2], 1.5, ("numpy-flash",))
+    assert invoke("publish", tmp_path / "alone", "-o", out, "--no-cache", "-j", "1").exit_code == 0
+    text = html.unescape((out / "summary.html").read_text())
+    assert "machine-wide" not in text
+    rows = re.findall(r"<td>(slower|faster|same|ambiguous) *</td><td>([a-z-]+) *</td>", text)
+    assert [b for change, b in rows if change == "slower"] == ["numpy-flash", "numpy-flash"]
+
+
+def test_time_axes_carry_their_unit():
+    """Plotly's SI ticks wrote 60 ms as "60m" (minutes?): the time axis has the unit on every tick now."""
+    js = (REPO / "kbench" / "history" / "static" / "history.js").read_text()
+    assert 'tickformat: "~s", ticksuffix: "s"' in js and '"median time (s)"' not in js

@@ -14,6 +14,7 @@ CORE_COMMANDS = (
     "kbench.commands.plan:plan_command",
     "kbench.commands.calibrate:calibrate_command",
     "kbench.commands.compare:compare_command",
+    "kbench.commands.ab:ab_command",
     "kbench.commands.report:report_command",
     "kbench.commands.publish:publish_command",
     "kbench.commands.regressions:regressions_command",

@@ -124,6 +124,16 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
             rounds = rounds_of(runs[0])
             pooled += f", {rounds} rounds" if rounds > 1 else ""
             click.echo(f"{side} {arg} ({runs[0]['machine']['id']}, {runs[0]['created']}{pooled})")
+        from kbench.threads import busy, loads
+
+        for arg, runs in zip(results, sides):
+            for d in runs:
+                if busy(d):
+                    worst = max(v["load1"] for v in loads(d))
+                    click.echo(f"WARNING: {arg} was measured on a busy machine (load average up to {worst:.2f} on "
+                               f"{d['machine'].get('cores', '?')} cores): its times are slower and noisier than "
+                               "an idle run's, and a verdict against another moment means less; time both in one "
+                               "run: kbench ab (docs/compare.md)")
         why = machine_mismatch(*data)
         if why:
             click.echo(f"WARNING: different machines ({'; '.join(why)}): ratios compare machines, not code")
@@ -144,12 +154,57 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
         if skipped_both:
             click.echo("\nskipped in both runs:\n" + "\n".join(f"  {b}: {'; '.join(sorted(r))}"
                                                              for b, r in sorted(skipped_both.items())))
-        click.echo(f"\n{len(pairs)} pairs: {summary}" + (f"; geomean time ratio {ratios:.3f}" if ratios else ""))
+        click.echo(f"\n{len(pairs)} pair{'s' * (len(pairs) != 1)}: {summary}"
+                   + (f"; geomean time ratio {ratios:.3f}" if ratios else ""))
+        machine = [p for p in pairs if p.change is Change.MACHINE]
+        if machine:
+            click.echo(f"machine-wide: {len(machine)} pair{'s' * (len(machine) != 1)} moved as every backend of the "
+                       "runs did: the machine (or what every backend shares: kbench, the libraries), not one "
+                       "backend's code; never a regression for --fail-on-regression")
+        undecided_note(results, sides, data, pairs)
         if any(p.change in (Change.SLOWER, Change.FASTER) for p in pairs) and \
                 any(len(runs) == 1 and rounds_of(runs[0]) == 1 for runs in sides):
             click.echo("note: a side is one run measured in one round: a slow moment of the machine can cover every "
                        "sample of a small record. For a gate, make both runs with `kbench run --rounds 3` (5 on a busy machine) or pool "
                        "runs (a1.json,a2.json); see docs/compare.md, \"Rounds\".")
+
+
+def undecided_note(results, sides, data, pairs) -> None:
+    """When pairs beyond the factor stayed ambiguous (or machine-wide) and a side was measured on a busy machine or
+    in one round, two files cannot settle it: say so, with the ``kbench ab`` command that can."""
+    from kbench.ab import ab_command_for
+    from kbench.compare import Change
+    from kbench.run.rounds import rounds_of
+    from kbench.threads import busy
+
+    open_pairs = [p for p in pairs if p.change in (Change.AMBIGUOUS, Change.MACHINE) and p.test is not None]
+    if not open_pairs:
+        return
+    loaded = any(busy(d) for runs in sides for d in runs)
+    one_round = any(len(runs) == 1 and rounds_of(runs[0]) == 1 for runs in sides)
+    if not (loaded or one_round):
+        return
+    backends = list(dict.fromkeys(p.backend for p in open_pairs))
+    suite = (data[1].get("suite") or {}).get("path")
+    commits = [str((d.get("environment") or {}).get("git_commit") or "").removesuffix("-dirty") for d in data]
+    files = {}
+    for p in open_pairs:
+        info = p.new.backend_info if p.new is not None else None
+        path = info.get("kernel_file") if isinstance(info, dict) else None
+        if isinstance(path, str) and path:
+            files[p.backend] = path
+    why = "measured on a busy machine" if loaded else "each measured in one round at its own moment"
+    click.echo(f"cannot decide {len(open_pairs)} pair{'s' * (len(open_pairs) != 1)} ({', '.join(backends[:4])}"
+               f"{' ...' if len(backends) > 4 else ''}) from two runs {why}: time old and new in one run instead, "
+               "rounds interleaved at random:")
+    for backend in backends[:3]:
+        if backend in files and commits[0]:
+            click.echo("  " + ab_command_for(suite, f"{commits[0][:12]}:{files[backend]}", files[backend]))
+        else:
+            click.echo("  " + ab_command_for(suite, "OLD", "NEW")
+                       + f"   (OLD/NEW: {backend} as it was and as it is: a kernel file, REV:kernel.py, or a backend"
+                         " setting)")
+            break
 
 
 def fail_on_regressions(pairs) -> None:
@@ -159,7 +214,7 @@ def fail_on_regressions(pairs) -> None:
     if is_regression(pairs):
         bad = [p for p in pairs if p.change in (Change.SLOWER, Change.FAILING)]
         per_backend = Counter(f"{p.backend} {p.change}" for p in bad)
-        click.echo(f"kbench: regression in {len(bad)} pairs: "
+        click.echo(f"kbench: regression in {len(bad)} pair{'s' * (len(bad) != 1)}: "
                    + ", ".join(f"{k} x{n}" for k, n in per_backend.items()), err=True)
         sys.exit(1)
 
@@ -195,7 +250,8 @@ def compare_command(pm, results, baseline, factor, alpha, run_noise, only_change
     run-to-run variation counts as noise.
 
     \b
-    Marks (as asv): + slower, - faster, ~ ambiguous (beyond the factor but not
+    Marks (as asv): + slower, - faster, m machine-wide (every backend of the
+    runs moved alike), ~ ambiguous (beyond the factor but not
     significant, within the variation between runs, inside the noise, the
     fastest samples did not move, or the records measured beside it moved
     alike), ! newly failing, * fixed, x incomparable. A pair is slower/faster

@@ -8,7 +8,8 @@ import click
 
 def _compare_latest(keyword: str | None):
     """The summary page's table: two commits' runs (re-runs of one commit pooled) judged exactly as
-    ``kbench compare a.json,b.json c.json`` judges them."""
+    ``kbench compare a.json,b.json c.json`` judges them, the control rule included (other backends of the same
+    runs that moved alike are the machine: ``machine-wide``, never "slower" or "faster")."""
     from kbench.compare import CHANGED, Change, both_skipped, compare_runs, counts, machine_mismatch, pool_runs
     from kbench.results import load_result
     from kbench.selection import Keyword
@@ -27,8 +28,12 @@ def _compare_latest(keyword: str | None):
         n = counts(pairs)
         line = ", ".join(f"{k} {c}" for c, k in n.items() if k)
         warn = machine_mismatch(base, new)
-        shown = [p for p in pairs if p.change in CHANGED + (Change.AMBIGUOUS,)]
-        out = f"<p>{len(pairs)} pairs: {html.escape(line)}</p>"
+        shown = [p for p in pairs if p.change in CHANGED + (Change.MACHINE, Change.AMBIGUOUS)]
+        out = f"<p>{len(pairs)} pair{'s' * (len(pairs) != 1)}: {html.escape(line)}</p>"
+        if n[Change.MACHINE]:
+            out += (f"<p><b>machine-wide</b>: {n[Change.MACHINE]} pairs moved as every backend of the runs did: the "
+                    "machine (or what every backend shares), not one backend's code (the control rule of kbench "
+                    "compare).</p>")
         if warn:
             out += f"<p><b>different machines</b> ({html.escape('; '.join(warn))}): ratios compare machines.</p>"
         return out + (compare_table(shown, "html") if shown else "<p>nothing changed beyond the noise.</p>")

@@ -30,8 +30,9 @@ def step_columns():
     from kbench.tables import Column
 
     return (
-        Column("", "change", lambda f: "undone" if f.undone else "slower" if f.step.slower else "faster",
-               lambda f: "~" if f.undone else "+" if f.step.slower else "-"),
+        Column("", "change", lambda f: "undone" if f.undone else "machine-wide" if f.machine
+               else "slower" if f.step.slower else "faster",
+               lambda f: "~" if f.undone else "m" if f.machine else "+" if f.step.slower else "-"),
         Column("size", "size", lambda f: f.step.size, lambda f: f"{100 * f.step.size:+.1f}%"),
         Column("95% CI", "size_ci_low", lambda f: f.step.size_low,
                lambda f: f"{100 * f.step.size_low:+.1f}%..{100 * f.step.size_high:+.1f}%"),
@@ -44,6 +45,7 @@ def step_columns():
         Column("", "level_before_s", lambda f: f.step.level_before),
         Column("", "level_after_s", lambda f: f.step.level_after),
         Column("environment changed", "environment_changed", lambda f: "; ".join(e.text for e in f.env)),
+        Column("machine-wide", "machine_wide", lambda f: f.machine),
     )
 
 
@@ -62,24 +64,32 @@ def print_steps(found, newest, fmt: str, *, n_runs: int, n_series: int, limit: f
     if found:
         shown = [columns[0]] + [c for c in columns[1:] if c.header]
         click.echo(render([""] + [c.header for c in shown[1:]], [[c.show(f) for c in shown] for f in found], fmt))
-    slower = sum(1 for f in found if f.step.slower and not f.undone)
-    faster = sum(1 for f in found if not f.step.slower and not f.undone)
+    slower = sum(1 for f in found if f.step.slower and not f.undone and not f.machine)
+    faster = sum(1 for f in found if not f.step.slower and not f.undone and not f.machine)
     undone = sum(1 for f in found if f.undone)
+    machine = sum(1 for f in found if f.machine and not f.undone)
     click.echo(f"\n{n_runs} runs, {n_series} series: {slower} slower and {faster} faster steps of "
                f"{100 * limit:g}% or more" + (f" since {since}" if since else "")
                + (f"; {undone} undone (~: a later step brought the series back)" if undone else "")
-               + (f"; {len(newest)} unconfirmed newest runs" if newest else ""))
+               + (f"; {machine} machine-wide (m: the other backends of the run moved alike)" if machine else "")
+               + (f"; {len(newest)} unconfirmed newest run{'s' * (len(newest) != 1)}" if newest else ""))
     for u in newest:
-        click.echo(f"unconfirmed {'slower' if u.slower else 'faster'}: {u.text}; one run cannot tell a step from a "
-                   "slow moment of the machine, the next run will")
+        if u.machine:
+            click.echo(f"machine-wide {'slower' if u.slower else 'faster'}: {u.text}; {u.machine}")
+        else:
+            click.echo(f"unconfirmed {'slower' if u.slower else 'faster'}: {u.text}; the backends measured beside "
+                       "it did not move alike, but one run cannot tell a step from a slow moment of its own: the "
+                       "next run will (or time old and new in one run: kbench ab, docs/compare.md)")
 
 
 def fail_on(found, newest, *, limit: float, ignore_unconfirmed: bool) -> None:
-    """``--fail``: exit 1 naming up to five lasting slower steps and (unless ignored) slower unconfirmed runs."""
+    """``--fail``: exit 1 naming up to five lasting slower steps and (unless ignored) slower unconfirmed runs;
+    never for a machine-wide one (the control rule: the other backends of the same run moved alike)."""
     bad = [f"{f.series.backend} {f.series.case_id} {100 * f.step.size:+.1f}% in {f.commit_range}"
-           for f in found if f.step.slower and not f.undone]
+           for f in found if f.step.slower and not f.undone and not f.machine]
     bad += [] if ignore_unconfirmed else [f"{u.series.backend} {u.series.case_id} {100 * u.size:+.1f}% in the "
-                                          f"newest run {u.run.id} (unconfirmed)" for u in newest if u.slower]
+                                          f"newest run {u.run.id} (unconfirmed)"
+                                          for u in newest if u.slower and not u.machine]
     if bad:
         click.echo(f"kbench: {len(bad)} regressions of {100 * limit:g}% or more: " + ", ".join(bad[:5])
                    + (" ..." if len(bad) > 5 else ""), err=True)
@@ -115,10 +125,12 @@ def regressions_command(results_dirs, since, threshold, fail, ignore_unconfirmed
     level before it is listed as unconfirmed (from two runs on). See docs/history.md.
 
     Marks: + slower, - faster, ~ undone (the next step brings the series back: slow windows of the
-    machine in a row, or a regression already fixed).
+    machine in a row, or a regression already fixed), m machine-wide (the other backends of the same run
+    moved alike: the rule of kbench compare; listed, never failed on).
 
     Exit status: 0; 1 with --fail when a lasting slower step beyond --threshold lies after --since, or an
-    unconfirmed newest run is slower by the threshold (unless --ignore-unconfirmed); 2 on bad input.
+    unconfirmed newest run is slower by the threshold (unless --ignore-unconfirmed), and it is not
+    machine-wide; 2 on bad input.
     """
     from kbench.commands import read_histories
     from kbench.history import default_repo

@@ -66,11 +66,15 @@ def _is_kernel_file(pattern: str) -> bool:
               help="Take each record's samples in N rounds spread over the run, pooled (default: the suite's "
                    "timing.rounds, else 1). Two runs of the same code then compare quietly on a shared machine: "
                    "see docs/compare.md.")
+@click.option("--threads", "threads", metavar="N", default=None,
+              help="BLAS/OpenMP/torch threads per worker (default 1: workers never oversubscribe the cores and a "
+                   "CPU time does not depend on the machine's load; 0: the libraries' own defaults). Recorded in "
+                   "the result (machine.threads). See docs/compare.md, \"Threads\".")
 @click.pass_obj
 def run_command(pm, suite, backends, keyword, device, output, resume, isolate, case_timeout, trust_kernel_files,
                 allow_unsandboxed,
                 max_cases, force, allow_different_machine, executor, devices, address, executor_opts, progress, fmt,
-                profile, rounds):
+                profile, rounds, threads):
     """Run SUITE (a YAML file) on this machine and write a result file.
 
     Exit status: 0 when every measured case passed, 1 when some failed or errored, 2 on bad input
@@ -81,7 +85,7 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     `kbench run --resume RESULT`.
     """
     from kbench.errors import BadInput
-    from kbench.run.runner import RunInterrupted, RunRequest, exit_code, plan_run, resume_request, run_suite
+    from kbench.run.runner import RunRequest, resume_request
 
     existing = []
     if resume is not None:
@@ -106,6 +110,22 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     req.executor, req.devices, req.executor_address = executor, parse_devices(devices), address
     req.executor_settings = _executor_settings(executor_opts)
     req.profile = profile
+
+    from kbench.threads import apply_threads, parse_threads, restore_threads
+
+    # before planning: the header records machine.threads from the environment the workers inherit
+    thread_setting = apply_threads(None if threads is None else parse_threads(threads), in_process=not req.isolate)
+    try:
+        _run_planned(pm, req, resume, existing, progress, fmt, thread_setting)
+    finally:
+        restore_threads()
+
+
+def _run_planned(pm, req, resume, existing, progress, fmt, thread_setting):
+    """The run itself, once the request and the thread setting are decided."""
+    from kbench.errors import BadInput
+    from kbench.run.runner import RunInterrupted, exit_code, plan_run, run_suite
+
     planned = plan_run(pm, req)
     work = planned.work()
     done = {(r["case_id"], r["backend"]) for r in existing}
@@ -116,6 +136,10 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
                + (f" in {planned.rounds} rounds" if planned.rounds > 1 else "")
                + (f", {left} left to run" if resume is not None else "")
                + f" -> {planned.output}", err=True)
+    from kbench.threads import load_line, load_state
+
+    load_before = load_state()
+    click.echo(f"kbench: {load_line(load_before)}; {thread_setting.text}", err=True)
     missing = missing_plugins()
     if missing and resume is None:
         click.echo(f"kbench: not installed here (the light install): {'; '.join(missing)}; their backends are not in "
@@ -138,6 +162,9 @@ def run_command(pm, suite, backends, keyword, device, output, resume, isolate, c
     finally:
         if lines is not None:
             lines.stop()
+    from kbench.threads import stamp_result
+
+    stamp_result(planned.output, thread_setting, load_before, load_state())
     least = planned.plan.timing.min_samples
     click.echo(records_table(writer.records, fmt, min_samples=least))
     click.echo(f"\n{status_summary(writer.records, least)}; results in {planned.output}", err=True)

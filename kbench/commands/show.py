@@ -35,7 +35,10 @@ def show_command(result, fmt, keyword, profile, repro):
 
         state += f", each record in {rounds_of(data)} rounds" if rounds_of(data) > 1 else ""
         click.echo(f"{data['suite']['name']} on {data['machine']['id']} ({data['device']}, {hw}), "
-                   f"{data['created']}, {state}\n")
+                   f"{data['created']}, {state}")
+        from kbench.threads import describe as describe_threads
+
+        click.echo(f"{describe_threads(data) or ''}\n")
     least = min_samples_of(data)
     click.echo(records_table(records, fmt, min_samples=least))
     if fmt in ("table", "markdown"):

@@ -1,6 +1,7 @@
 """Steps found in every series of a history, with the commit range, size and confidence of each."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ class Found:
     after: Run            # first run at the new level
     env: tuple[EnvChange, ...]  # environment changes inside the range: they may explain the step
     undone: bool = False        # a step the other way brought the series back (see ``undone_steps``)
+    #: why the control rule calls it the machine's (kbench.compare.machine_moves), or "": never failed on
+    machine: str = ""
 
     @property
     def commit_range(self) -> str:
@@ -38,7 +41,7 @@ class Found:
                 "after": {"run": self.after.id, "commit": self.after.commit, "file": str(self.after.path),
                           "time": self.after.time.isoformat()},
                 "level_before": s.level_before, "level_after": s.level_after, "undone": self.undone,
-                "environment_changes": [e.text for e in self.env]}
+                "machine_wide": self.machine or None, "environment_changes": [e.text for e in self.env]}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class NewestRun:
     series: Series
     run: Run
     size: float           # new / old - 1 of the time: > 0 slower
+    machine: str = ""     # why the control rule calls it the machine's (kbench.compare.machine_moves), or ""
 
     @property
     def slower(self) -> bool:
@@ -56,7 +60,7 @@ class NewestRun:
     def to_json(self) -> dict[str, Any]:
         return {"machine": self.series.machine, "backend": self.series.backend, "case_id": self.series.case_id,
                 "change": "slower" if self.slower else "faster", "run": self.run.id, "commit": self.run.commit,
-                "file": str(self.run.path), "size": self.size}
+                "file": str(self.run.path), "size": self.size, "machine_wide": self.machine or None}
 
     @property
     def text(self) -> str:
@@ -67,19 +71,78 @@ class NewestRun:
 def steps_and_newest(hists: Sequence[History], since: _dt.datetime | None,
                      threshold: float) -> tuple[list[Found], list[NewestRun]]:
     """What ``kbench regressions`` lists: the steps of every series at or beyond ``threshold`` whose new level
-    starts at or after ``since`` (lasting slower ones first), and the unconfirmed newest runs as far off."""
+    starts at or after ``since`` (lasting slower ones first), and the unconfirmed newest runs as far off; each
+    held against the other backends of its run by the control rule (:func:`with_controls`)."""
     found: list[Found] = []
     newest: list[NewestRun] = []
     for h in hists:
         fits: dict[str, Fit] = {}
-        found += [f for f in find_steps(h, fits) if in_range(f, since) and beyond(f, threshold)]
+        found_here = [f for f in find_steps(h, fits) if in_range(f, since) and beyond(f, threshold)]
+        newest_here: list[NewestRun] = []
         for s in h.series:
             u = fits[s.key].unconfirmed
             run = h.runs[s.runs[u.index]] if u else None
             if u and abs(u.size) >= threshold and (since is None or run.time >= since):
-                newest.append(NewestRun(s, run, u.size))
+                newest_here.append(NewestRun(s, run, u.size))
+        found_here, newest_here = with_controls(h, fits, found_here, newest_here, threshold)
+        found += found_here
+        newest += newest_here
     newest.sort(key=lambda u: (not u.slower, -abs(u.size), u.series.key))
     return sort_found(found), newest
+
+
+def run_moves(history: History, fits: dict[str, Fit], run_index: int) -> tuple[list[tuple[str, float]], list[Series]]:
+    """Every series' move at run ``run_index`` of ``history``, in the order the run measured its records:
+    (backend, log of the point's median over the level the series was at before it), and the series."""
+    by_point = {(s.op, s.case_id, s.backend, s.method): s for s in history.series}
+    run = history.runs[run_index]
+    moves, series = [], []
+    for p in run.points:
+        s = by_point.get((p.op, p.case_id, p.backend, run.method))
+        if s is None or run_index not in s.runs:
+            continue
+        i = s.runs.index(run_index)
+        if i == 0:
+            continue
+        level = next((lv for a, b, lv in fits[s.key].levels if a <= i - 1 <= b), s.points[i - 1].median)
+        if level > 0 and p.median > 0:
+            moves.append((p.backend, math.log(p.median / level)))
+            series.append(s)
+    return moves, series
+
+
+def with_controls(history: History, fits: dict[str, Fit], found: list[Found], newest: list[NewestRun],
+                  threshold: float) -> tuple[list[Found], list[NewestRun]]:
+    """The control rule of ``kbench compare`` (kbench.compare.machine_moves, one function for every verdict):
+    a step, or an unconfirmed newest run, whose series moved as the other backends of the same run did (the
+    whole run alike, or the records measured beside it) is the machine's, not the code's: kept, listed as
+    machine-wide, never failed on."""
+    from kbench.compare import Settings, machine_moves
+
+    factor = max(1 + threshold, Settings().factor)
+    index = {id(r): i for i, r in enumerate(history.runs)}
+    at_run: dict[int, list[tuple[str, Any]]] = {}
+    for k, f in enumerate(found):
+        at_run.setdefault(index[id(f.after)], []).append(("step", k))
+    for k, u in enumerate(newest):
+        if id(u.run) in index:
+            at_run.setdefault(index[id(u.run)], []).append(("newest", k))
+    found, newest = list(found), list(newest)
+    for r, items in at_run.items():
+        moves, series = run_moves(history, fits, r)
+        where = {s.key: m for m, s in enumerate(series)}
+        wanted = {}
+        for kind, k in items:
+            key = (found[k] if kind == "step" else newest[k]).series.key
+            if key in where:
+                wanted.setdefault(where[key], []).append((kind, k))
+        for m, why in machine_moves(moves, wanted, factor).items():
+            for kind, k in wanted[m]:
+                if kind == "step":
+                    found[k] = dataclasses.replace(found[k], machine=why)
+                else:
+                    newest[k] = dataclasses.replace(newest[k], machine=why)
+    return found, newest
 
 
 def fit_series(series: Series) -> Fit:
@@ -94,7 +157,7 @@ def find_steps(history: History, fits: dict[str, Fit] | None = None) -> list[Fou
         fit = fit_series(s)
         if fits is not None:
             fits[s.key] = fit
-        undone = undone_steps(fit.steps)
+        undone = undone_steps(fit.steps) | returned_steps(s, fit)
         for i, step in enumerate(fit.steps):
             before, after = s.runs[step.before], s.runs[step.after]
             env = tuple(e for e in history.env_changes if before < e.run <= after)
@@ -113,6 +176,22 @@ def undone_steps(steps: Sequence[Step]) -> set[int]:
                                      <= 0.25 * abs(math.log(a.level_after / a.level_before))):
             out.update((i, i + 1))
     return out
+
+
+def returned_steps(series: Series, fit: Fit) -> set[int]:
+    """The last step when the newest run (unconfirmed: no run after it) is back within a quarter of the step
+    of where the series was before it: one slow (or fast) moment of the machine in the run before, undone by
+    the next one, as :func:`undone_steps` says of two steps. Listed, not failed on; a run after the newest
+    tells whether the level returned for good."""
+    u = fit.unconfirmed
+    if not fit.steps or u is None or u.index != len(series.points) - 1:
+        return set()
+    last = fit.steps[-1]
+    newest = series.points[u.index].median
+    if last.after < u.index and newest > 0 and last.level_before > 0 and last.level_after > 0 and \
+            abs(math.log(newest / last.level_before)) <= 0.25 * abs(math.log(last.level_after / last.level_before)):
+        return {len(fit.steps) - 1}
+    return set()
 
 
 def in_range(found: Found, since: _dt.datetime | None) -> bool:

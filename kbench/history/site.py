@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from kbench.history.changepoints import Fit
 from kbench.history.lineages import LineageHistory
-from kbench.history.regressions import Found, find_steps, sort_found, undone_steps
+from kbench.history.regressions import Found, find_steps, returned_steps, sort_found, undone_steps
 from kbench.history.runs import Run, relpath
 from kbench.history.series import History
 
@@ -98,7 +98,7 @@ def history_data(history: History, fits: dict[str, Fit], links: Links) -> dict[s
     series = []
     for s in history.series:
         fit = fits[s.key]
-        undone = undone_steps(fit.steps)
+        undone = undone_steps(fit.steps) | returned_steps(s, fit)
         params = {k: s.case.get(k) for k in FILTER_PARAMS if k in s.case}
         series.append({
             "key": s.key, "op": s.op, "backend": s.backend, "case": s.case_id, "params": params,

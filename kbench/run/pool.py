@@ -37,7 +37,7 @@ from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolE
 # trusted backends in this process (re-exported: kbench.run.pool.LocalChannel and execute_in_process stay importable)
 from kbench.run.inprocess import LocalChannel, execute_in_process
 from kbench.text import safe_text
-from kbench.run.sandbox import is_secret, sandbox_environment
+from kbench.run.sandbox import sandbox_environment
 from kbench.timing import TimingSettings, estimated_seconds
 
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins
@@ -86,15 +86,18 @@ def worker_environment(base: Mapping[str, str], *, scratch: str | None) -> dict[
     """A sandboxed worker's environment (``scratch`` given): only the allow-listed variables
     (:data:`kbench.run.sandbox.ENV_ALLOW`), the parent's import path, the scratch directory as home and temp.
     A trusted worker's: the same allow-list by name plus its home, temp and caches
-    (:data:`kbench.run.sandbox.TRUSTED_ALLOW`), never the rest of the parent's environment."""
+    (:data:`kbench.run.sandbox.TRUSTED_ALLOW`), never the rest of the parent's environment. Both get the thread
+    variables of :func:`kbench.threads.thread_environment`."""
     from kbench.run.sandbox import trusted_environment
+    from kbench.threads import thread_environment  # the BLAS/OpenMP/torch threads kbench decides per worker
 
     if scratch:
-        return sandbox_environment(base, scratch)
+        return {**sandbox_environment(base, scratch), **thread_environment(base)}
     env = trusted_environment(base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
+    env.update(thread_environment(base))
     return env
 
 

@@ -195,7 +195,9 @@
                       runTicks(0, data.runs.length - 1));
     return {height: 320, margin: {l: 70, r: 20, t: 30, b: 60}, showlegend: false, shapes: shapes,
             annotations: annotations, hovermode: "closest", xaxis: xaxis,
-            yaxis: {title: {text: lineage ? "TFLOP/s" : "median time (s)"}, tickformat: "~s", range: yRange(s)}};
+            /* SI prefixes carry their unit: 60 ms reads "60ms", never "60m" (which reads as minutes) */
+            yaxis: lineage ? {title: {text: "TFLOP/s"}, tickformat: "~s", range: yRange(s)}
+              : {title: {text: "median time"}, tickformat: "~s", ticksuffix: "s", range: yRange(s)}};
   }
   function draw(div, s) {
     Plotly.newPlot(div, traces(s), layout(s), {displaylogo: false, responsive: true}).then(function () {

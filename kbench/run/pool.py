@@ -37,7 +37,7 @@ from kbench.protocol import MAX_REPLY_BYTES, STDERR_TAIL, BackendSpec, ProtocolE
 # trusted backends in this process (re-exported: kbench.run.pool.LocalChannel and execute_in_process stay importable)
 from kbench.run.inprocess import LocalChannel, execute_in_process
 from kbench.text import safe_text
-from kbench.run.sandbox import sandbox_environment
+from kbench.run.sandbox import is_secret, sandbox_environment  # noqa: F401  (is_secret: re-exported for tests)
 from kbench.timing import TimingSettings, estimated_seconds
 
 STARTUP_TIMEOUT = 120.0      # seconds a worker may take to import kbench and its plugins

@@ -374,6 +374,8 @@ def claim_result_file(path: Path, *, force: bool = False, resuming: bool = False
     """Before any work: ``path`` can be written, no other run writes it, and an existing file is not
     overwritten unless ``force`` (or it is the run being resumed)."""
     check_output_file(path, option="-o", extra=RESULT_NAME_EXTRA)
+    for beside in (lock_path(path), journal_path(path)):  # the files kept beside it, under the same rule (a FIFO
+        output_target(beside, option="-o")               # planted as the journal would hang its first append)
     lock = hold_result_lock(path)
     if path.exists() and not (force or resuming):
         release_result_lock(path)

@@ -219,3 +219,15 @@ def test_numeric_options_refuse_nan_and_infinity_with_exit_2(argv, monkeypatch):
     assert res.exit_code == 2, res.output
     assert "finite number" in res.output or "not in the range" in res.output or "is not in" in res.output, res.output
     assert time.monotonic() - start < 30
+
+
+def test_a_fifo_planted_as_the_journal_or_the_lock_beside_a_result_file_is_refused_not_waited_on(tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for name in (".r.json.journal", ".r.json.lock"):
+        beside = tmp_path / name
+        make("fifo", beside)
+        res, text = _invoke(FILE_WRITERS["run"], out=str(tmp_path / "r.json"))
+        assert res.exit_code == 2 and "named pipe" in text and str(beside) in text, text
+        assert stat.S_ISFIFO(os.lstat(beside).st_mode) and not (tmp_path / "r.json").exists()
+        beside.unlink()

@@ -165,8 +165,9 @@ def print_pairs(results, sides, data, pairs, settings, *, only_changed: bool, so
         if any(p.change in (Change.SLOWER, Change.FASTER) for p in pairs) and \
                 any(len(runs) == 1 and rounds_of(runs[0]) == 1 for runs in sides):
             click.echo("note: a side is one run measured in one round: a slow moment of the machine can cover every "
-                       "sample of a small record. For a gate, make both runs with `kbench run --rounds 3` (5 on a busy machine) or pool "
-                       "runs (a1.json,a2.json); see docs/compare.md, \"Rounds\".")
+                       "sample of a small record. For a gate, time old and new in one run: `kbench ab SUITE OLD NEW "
+                       "--fail-on-regression` (docs/compare.md, \"The gate on a busy machine\"); else make both runs "
+                       "with `kbench run --rounds 3` (5 on a busy machine) or pool runs (a1.json,a2.json).")
 
 
 def undecided_note(results, sides, data, pairs) -> None:

@@ -192,6 +192,8 @@ API_TARGETS: dict[str, str] = {
     "static_check": "kbench.judge.policy.static_check", "IntegritySettings": "kbench.judge.policy.IntegritySettings",
     "set_worker_source": "kbench.run.pool.set_worker_source", "started_worker": "kbench.run.pool.started_worker",
     "ratio_test": "kbench.compare.ratio_test", "load_yaml": "kbench.yamlsource.load_yaml",
+    "output_target": "kbench.outputs.output_target", "check_output_dir": "kbench.outputs.check_output_dir",
+    "FiniteOption": "kbench.options.Finite",
 }
 
 

@@ -82,11 +82,14 @@ def _fit(work_per_row: float, budget: float, top: int) -> int:
     return int(max(1, min(top, budget // max(work_per_row, 1.0))))
 
 
-#: value ranges ``kbench fuzz`` draws by default: ``unit`` (first: a failure shrinks to it when it can) and the others
 def default_values() -> tuple[str, ...]:
+    """The value ranges ``kbench fuzz`` and the held-out shapes draw by default: ``unit`` (first: a failure shrinks
+    to it when it can), the named ones, ``std:2`` and ``std:4``. Not a small std: scores of std 1/16 make attention
+    nearly the mean of the visible values, which the judge's trivial-predictor rule (an answer 10x closer than that
+    mean) cannot tell from a 16-bit kernel's rounding (torch-decode, bf16, ``std:0.25``: 0.00128 against 0.0108)."""
     from kbench.ops.inputs import VALUE_RANGES
 
-    return tuple(VALUE_RANGES) + ("std:4", "std:0.25")
+    return tuple(VALUE_RANGES) + ("std:2", "std:4")
 
 
 @dataclass(frozen=True)

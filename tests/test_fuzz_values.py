@@ -221,7 +221,7 @@ def test_the_fuzz_space_reaches_long_rows_past_each_boundary_within_its_cost():
         long = [p for p, k in zip(drawn, keys) if k > 2048]
         assert long and all(reference_work(op, p) <= MAX_WORK for p in long), op
         assert any("values" in p for p in drawn) and any("values" not in p for p in drawn)
-        assert all(p.get("values") in (None, "unit", "constant_rows", "std:0.25") for p in drawn
+        assert all(p.get("values") in (None, "unit", "constant_rows") for p in drawn
                    if p.get("mode", "fwd") != "fwd")
         for p in drawn[:50]:
             OPS.op(op).make_case(p)
@@ -295,3 +295,11 @@ def test_fuzz_takes_the_value_ranges_asked_for_and_refuses_unknown_ones(tmp_path
         drawn.append(params)
     collect()
     assert {p.get("values") for p in drawn} == {"one_hot"} and max(p["seqlen_kv"] for p in drawn) <= 320
+
+
+def test_a_value_range_is_a_summary_group_of_its_own_and_a_plain_case_keeps_its_key():
+    assert ATT.group_key(case()) == ATT.group_key(case("unit")) and "values" not in ATT.group_key(case())
+    assert ATT.group_key(case("one_hot")).endswith(",values=one_hot")
+    dec = OPS.op("decode_attention")
+    raw = {"batch": 1, "seqlen_q": 1, "seqlen_kv": 64, "heads_q": 2, "heads_kv": 1, "head_dim": 16}
+    assert dec.group_key(dec.make_case({**raw, "values": "std:4"})) != dec.group_key(dec.make_case(raw))

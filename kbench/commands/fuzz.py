@@ -32,7 +32,7 @@ def _is_kernel_file(pattern: str) -> bool:
               help="head_dims drawn (repeatable; default 8 to 256, the usual and the odd).")
 @click.option("--values", "values", multiple=True, metavar="NAME",
               help="Value ranges of the inputs drawn (repeatable; default all of them, unit half the time: unit, "
-                   "large_scores, outlier_channels, outlier_tokens, constant_rows, one_hot, std:4, std:0.25; "
+                   "large_scores, outlier_channels, outlier_tokens, constant_rows, one_hot, std:2, std:4; "
                    "docs/fuzz.md).")
 @click.option("--long-rows/--no-long-rows", default=True, show_default=True,
               help="Draw a quarter of the cases with long key rows (up to 8,193 keys).")

@@ -121,8 +121,6 @@ HELD_OUT_WORK_RATIO = 1.0
 #: group sizes (query heads per kv head) drawn: MHA, the usual, and odd ones; the odd-length shape's always odd
 GROUPS = (1, 2, 3, 4, 5, 7)
 ODD_GROUPS = (3, 5, 7)
-#: value ranges of the odd-length shape of a forward (large_scores three times in four): each far from unit inputs
-HOSTILE = ("large_scores", "outlier_channels", "outlier_tokens", "one_hot")
 #: parameters a suite pins by giving one value by name in every grid entry (a kernel written for causal fp16 only
 #: is not asked for the others); shapes are never pinned
 PINNABLE = ("causal", "dtype", "mode", "window", "window_left", "window_right", "softcap", "values")
@@ -251,7 +249,8 @@ def _ints(value: Any) -> list[int]:
 
 def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> dict[str, Any]:
     """The raw parameters of one held-out shape from the suite case ``base`` (see :func:`domain`)."""
-    from kbench.ops.inputs import VALUE_RANGES, value_range
+    from kbench.fuzz.space import default_values
+    from kbench.ops.inputs import value_range
 
     p = dict(base.params)
     others = [x for x in dom.head_dims if x not in dom.suite_head_dims] or list(dom.head_dims)
@@ -285,12 +284,12 @@ def _draw(op, base: Case, dom: Domain, kind: str, rng: np.random.Generator) -> d
         elif not free("softcap"):
             out["softcap"] = p["softcap"]
     if free("values"):
-        names = list(VALUE_RANGES) + ["std:4", "std:0.25"]
+        names = list(default_values())
         if out.get("mode", "fwd") != "fwd":
             names = [v for v in names if value_range(v).gentle]
             out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
-        elif kind == "odd":   # one hostile range in every draw: scores past exp's range three times in four
-            out["values"] = "large_scores" if rng.random() < 0.75 else str(rng.choice(HOSTILE))
+        elif kind == "odd":   # one hostile range in every draw: scores far past exp's range
+            out["values"] = "large_scores"
         else:
             out["values"] = str(rng.choice(names)) if rng.random() < 0.5 else "unit"
     else:

@@ -315,6 +315,8 @@ class AttentionOp(Op):
     def group_key(self, case: Case) -> str:
         p = case.params
         extra = "".join("," + e for e in self._extras(p))
+        if "values" in p:   # a value range is a group of its own (a case without one keeps its key)
+            extra += f",values={p['values']}"
         return (f"d={p['head_dim']},{'causal' if p['causal'] else 'noncausal'},"
                 f"hq={p['heads_q']},hkv={p['heads_kv']},{p['dtype']}{extra}")
 

@@ -82,7 +82,9 @@ class DecodeAttentionOp(Op):
 
     def group_key(self, case: Case) -> str:
         p = case.params
-        return f"sq={p['seqlen_q']},hq={p['heads_q']},hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}{_paging(p)}"
+        values = f",values={p['values']}" if "values" in p else ""   # a value range is a group of its own
+        return (f"sq={p['seqlen_q']},hq={p['heads_q']},hkv={p['heads_kv']},d={p['head_dim']},{p['dtype']}{_paging(p)}"
+                f"{values}")
 
     def required_features(self, case: Case) -> frozenset[str]:
         return frozenset({"paged"}) if case["page_size"] else frozenset()

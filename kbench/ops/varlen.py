@@ -181,8 +181,9 @@ class VarlenAttentionOp(Op):
 
     def group_key(self, case: Case) -> str:
         p = case.params
+        values = f",values={p['values']}" if "values" in p else ""   # a value range is a group of its own
         return (f"d={p['head_dim']},{'causal' if p['causal'] else 'noncausal'},"
-                f"hq={p['heads_q']},hkv={p['heads_kv']},{p['dtype']}")
+                f"hq={p['heads_q']},hkv={p['heads_kv']},{p['dtype']}{values}")
 
     # -- the layout ----------------------------------------------------------------------------
 

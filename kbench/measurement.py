@@ -311,9 +311,9 @@ def measure(*targets: Any, cases: Sequence[Mapping[str, Any] | Case] | Mapping[s
 
 def _held_out(pm: PluginManager, planned, records: list[Record], n: int | None, allow_unsandboxed: bool):
     """The held-out verdicts of the run's kernel files that passed every case (kbench.fuzz.heldout)."""
-    from kbench.fuzz.heldout import HELD_OUT_CASES, check_held_out
+    from kbench.fuzz.heldout import check_held_out, held_out_default
 
-    n = HELD_OUT_CASES if n is None else n
+    n = held_out_default(n)  # $KBENCH_EVAL_HELD_OUT when the caller gives no number, as score_kernel reads it
     given = {Path(f) for f in planned.request.kernel_files}
     files = [b for b in planned.backends if b.source_path and Path(b.source_path) in given and not b.trusted]
     ok = [b for b in files if all(r.passed for r in records if r.backend == b.name)

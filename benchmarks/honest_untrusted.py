@@ -70,7 +70,7 @@ def main() -> int:
             for rec in one_run(args.seqlen, args.rounds):
                 outcomes[(rec["backend"], rec["status"])] += 1
                 if rec["status"] != "passed":
-                    bad.append(f"{rec['backend']} {rec['case']}: {rec['status']}: {str(rec.get('reason'))[:300]}")
+                    bad.append(f"{rec['backend']} {rec['case_id']}: {rec['status']}: {str(rec.get('reason'))[:300]}")
             load.append(os.getloadavg()[0])
     finally:
         for hog in hogs:

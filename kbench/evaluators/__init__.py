@@ -106,7 +106,8 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
     written anywhere; wrong on one, it scores 0 with the reason under ``failures["(held-out)"]``, the shape hidden
     unless ``show_held_out``.
     """
-    from kbench.api import KernelFileRef, get_plugin_manager
+    from kbench.kernelfile import KernelFileRef
+    from kbench.plugins import get_plugin_manager
     from kbench.fuzz.heldout import held_out_default
     from kbench.measurement import geomean_or_zero, measure
 
@@ -168,7 +169,7 @@ def score_kernel(program_path: str | os.PathLike, *, suite: Any, baseline: Any =
 
 
 def _load_suite(suite: Any):
-    from kbench.api import Suite, load_suite, suite_from_data
+    from kbench.suite import Suite, load_suite, suite_from_data
 
     if isinstance(suite, Suite):
         return suite

@@ -147,9 +147,9 @@ def test_a_kernel_wrong_on_some_inputs_is_not_accused_of_lazy_timing(kbench_pm, 
 def test_a_kernel_wrong_on_the_same_rows_when_checked_is_not_accused(kbench_pm, kbench_case, fake_backend,
                                                                     monkeypatch):
     """A kernel inaccurate on one row on every call (+1.35e-4 relative on query row 0) passes the correctness call,
-    checked on all 1024 rows (the error is diluted to 4e-6), and fails a timed call checked on 32 rows that
-    include row 0. The correctness call's output, judged on those same rows, is as wrong: an accuracy failure,
-    not "timed output wrong although the checked calls were right"."""
+    checked on all 1024 rows (the error is diluted to 4e-6). Where a timed call is checked on a few rows that
+    include row 0 it fails, and the correctness call's output, judged on those same rows, is as wrong: an accuracy
+    failure, not "timed output wrong although the checked calls were right", never "lazy" or "forged"."""
     from kbench.builtin.numpy_backends import attention_numpy
     from kbench.ops.attention import softmax_scale
 
@@ -165,6 +165,10 @@ def test_a_kernel_wrong_on_the_same_rows_when_checked_is_not_accused(kbench_pm, 
     monkeypatch.setattr(op, "sample_rows", rows_with_the_first)
     case = kbench_case(seqlen_q=1024, seqlen_kv=64, heads=1, head_dim=16)
     rec = _untrusted(kbench_pm, case, fake_backend(first_row_off), check_rows=1024)
-    assert rec["status"] == "failed" and "a timed call" in rec["reason"], rec["reason"]
-    assert "trial 0 on the same rows" in rec["reason"] and "timed or not" in rec["reason"], rec["reason"]
-    assert "lazy" not in rec["reason"]
+    # a timed call verified whole (one per batch at least, more where they fit) dilutes the row's error exactly as
+    # the correctness call did, and passes; one verified on a few rows that hold row 0 fails, for accuracy
+    assert rec["status"] in ("passed", "failed"), (rec["status"], rec["reason"])
+    if rec["status"] == "failed":
+        assert "a timed call" in rec["reason"], rec["reason"]
+        assert "trial 0 on the same rows" in rec["reason"] and "timed or not" in rec["reason"], rec["reason"]
+    assert "lazy" not in str(rec["reason"]) and "forged" not in str(rec["reason"]), rec["reason"]

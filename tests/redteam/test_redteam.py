@@ -243,9 +243,10 @@ def test_crash_records_carry_the_stderr_tail(default_run):
 def test_a_finalizer_shift_gains_nothing(dynamic_run):
     """On 54db9a9 the finalizer of a slot's previous answer did each call's work after the stop mark: passed at
     0.00-0.61x of an honest kernel. Let go inside the next call's sample, its work is timed: it is no faster than
-    the same maths done honestly (half of it, on a shared machine, at worst)."""
+    the same maths done honestly, the registered ``numpy`` backend whose function the kernel calls (three quarters
+    of it, on a shared machine, at worst; ``honest_numpy`` is other maths, einsum, several times slower)."""
     records, _ = dynamic_run
-    shifted, honest = records["file:finalizer_shift"], records["file:honest_numpy"]
+    shifted, honest = records["file:finalizer_shift"], records["numpy"]
     if shifted["status"] == "passed":
         assert shifted["timing"]["samples_kind"] == "parent"
-        assert shifted["stats"]["median"] >= 0.5 * honest["stats"]["median"], (shifted["stats"], honest["stats"])
+        assert shifted["stats"]["median"] >= 0.75 * honest["stats"]["median"], (shifted["stats"], honest["stats"])

@@ -1,4 +1,4 @@
-"""What the held-out shapes cost per evaluation (issue 36, docs/fuzz.md "Measured").
+"""What the held-out shapes cost per evaluation (docs/fuzz.md "Measured").
 
 ``python benchmarks/heldout_cost.py [SUITE] [--repeat N] [--kernel FILE]`` scores the kernel file (default: the
 red-team corpus's honest NumPy kernel) with ``kbench.evaluators.score_kernel`` alternately with ``held_out=0``

@@ -339,7 +339,7 @@ def test_smallest_p_of_the_u_test_is_what_scipy_gives_for_separated_samples():
     assert smallest_p(5, 5) < 0.01 < smallest_p(4, 4)
 
 
-# -- a same-code comparison stays quiet (issue 34) --------------------------------------------------------
+# -- a same-code comparison stays quiet --------------------------------------------------------
 
 BACKENDS = ("numpy", "numpy-flash", "torch-sdpa")
 

@@ -271,7 +271,7 @@ def test_honest_numpy_kernel_code_is_not_refused(tmp_path):
 
 
 #: calls the hook refuses whoever makes them: handed to a thread, an executor, a timer, a finalizer, a partial,
-#: found with getattr or map (issue 33, item 6: on 6cf3c74 a thread's target, an executor's job and a finalizer
+#: found with getattr or map (on 6cf3c74 a thread's target, an executor's job and a finalizer
 #: ran os.kill and gc.get_objects unrefused, since the nearest frame was threading's, not the kernel's)
 LAUNDERED = '''
 import concurrent.futures, functools, gc, os, sys, threading, weakref

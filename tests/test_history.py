@@ -357,7 +357,7 @@ def test_regressions_finds_a_large_step_in_every_series_of_a_short_history(tmp_p
         assert (s["before"]["commit"], s["after"]["commit"]) == (hs.fake_commit(1), hs.fake_commit(2))
 
 
-# -- the newest run: never silent (issue 34) ------------------------------------------------------------
+# -- the newest run: never silent ------------------------------------------------------------
 
 
 def _short_history(root, factors, *, seed: int = 0, spread: float = 0.03, methods=None,

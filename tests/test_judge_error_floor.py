@@ -1,4 +1,4 @@
-"""The error measure near a zero reference (issue 33, item 8): a floor scaled to the inputs, so float noise around
+"""The error measure near a zero reference: a floor scaled to the inputs, so float noise around
 an exactly-zero gradient or a cancelling decode output is not scored 1e8; and a timed output is called lazy or
 stale only when the same call, checked untimed, is right on the same rows."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from kbench.judge.verify import ABS_FLOOR, error_floor, relative_l2
 from kbench.testing import TEST_TIMING
 
-#: the smallest false failures of the random-shape sweep (issue 33)
+#: the smallest false failures of the random-shape sweep
 SMALLEST = {
     "one key, bwd": dict(batch=1, seqlen_q=2, seqlen_kv=1, heads=1, head_dim=16, causal=False, dtype="fp32",
                          mode="bwd"),

@@ -1,7 +1,7 @@
 """The simulated device (tests/sim_device_plugin.py): host arrays, samples as a GPU's (events on a device clock, read
 after one synchronisation), inputs gathered "on the device", a sustained energy loop. So the device-clock branch
 of the accounting, the energy loop and the device input generator run in the default tier, and the attack
-classes of issue 33 and tests/redteam are tried on a device clock too (slow tier).
+classes of tests/redteam are tried on a device clock too (slow tier).
 """
 from __future__ import annotations
 

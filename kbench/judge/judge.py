@@ -226,7 +226,7 @@ class Judge:
             self._phase("harness twin start", since)
         started = time.perf_counter()
         rec["correctness"] = self.correctness()
-        if ctx.correctness_only:  # kbench fuzz, held-out shapes (issue 36): the verdict is the correctness trials'
+        if ctx.correctness_only:  # kbench fuzz, held-out shapes: the verdict is the correctness trials'
             self._request(("end",), "ended")
             self.ended = True
             return {"status": Status.PASSED.value}

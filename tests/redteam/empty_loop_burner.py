@@ -1,4 +1,4 @@
-"""Exploit (issue 33, item 2): raise the empty loop's cost, then hide work in the allowance it buys.
+"""Exploit: raise the empty loop's cost, then hide work in the allowance it buys.
 
 A thread the kernel leaves running holds the GIL (a pure Python loop, a 20 ms switch interval) whenever no kernel call has run for a
 millisecond, and only from the kernel's 10th call on: so only during empty batches and the gaps between

@@ -1,4 +1,4 @@
-"""Exploit (issue 33, item 1): buy one-call batches with slow correctness calls, then shave every timed sample.
+"""Exploit: buy one-call batches with slow correctness calls, then shave every timed sample.
 
 Its first two calls (the correctness trials) take 30 ms, so the judge of 6cf3c74, which sized batches from the
 worker's samples of those calls, ran one call a batch, each batch allowed 2 x E(1) + 2 ms of unexplained time.

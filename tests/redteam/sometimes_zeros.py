@@ -1,4 +1,4 @@
-"""Exploit (issue 33, item 5): zeros on one call in eight (12.5%), the right answer otherwise.
+"""Exploit: zeros on one call in eight (12.5%), the right answer otherwise.
 
 On 6cf3c74 one call of each timed batch was verified, so a record of a few batches of ~20 calls passed more
 often than not (5 of 8 records in the issue). Every timed call's output is checked now (a few rows each)."""

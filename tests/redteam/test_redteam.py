@@ -60,12 +60,12 @@ DEFAULT = {
     "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
     # the arena is sealed: ftruncate fails with EPERM, the parent reads on, the probe answers honestly
     "arena_truncate": ("passed", None),
-    # issue 33: a self-restoring timer installed with setattr through a parameter, and one-call batches bought
+    # a self-restoring timer installed with setattr through a parameter, and one-call batches bought
     # with slow correctness calls (refused statically by the policy; caught at run time below without it)
     "timer_restore": ("failed", r"static check.*setattr|harness tampering: time.perf_counter_ns replaced"),
     "slow_check_batches": ("failed", r"static check|samples do not add up"),
     "empty_loop_burner": ("failed", r"static check"),
-    # issue 33: zeros on one call in eight; every timed call's output is checked (a few rows each)
+    # zeros on one call in eight; every timed call's output is checked (a few rows each)
     "sometimes_zeros": ("failed", r"on a timed call|on trial"),
     # the slot's previous answer is let go inside the next call's sample: the finalizer's work is timed (it gains
     # nothing: test_a_finalizer_shift_gains_nothing), or it runs too early and the answer is wrong
@@ -114,11 +114,11 @@ DYNAMIC = {
     "deep_reply": ("failed", r"broke the protocol: a reply nested deeper"),
     # the arena is sealed: a shrink fails (EPERM), the parent reads on
     "arena_truncate": ("passed", None),
-    # issue 33: every clock read is checked against the timers captured at the worker's start
+    # every clock read is checked against the timers captured at the worker's start
     "timer_restore": ("failed", r"harness tampering: time.perf_counter_ns replaced, seen before a clock read"),
-    # issue 33: batches sized by the parent's clock, one floor per record: the shaved samples do not add up
+    # batches sized by the parent's clock, one floor per record: the shaved samples do not add up
     "slow_check_batches": ("failed", r"harness tampering: kbench.worker.main.encode_reply replaced"),
-    # issue 33: no thread of an untrusted kernel outlives its call, so nothing of it runs in the empty loop
+    # no thread of an untrusted kernel outlives its call, so nothing of it runs in the empty loop
     "empty_loop_burner": ("failed", r"left threads still running: a thread it started \('burner'\) is alive after "
                                     r"call 1"),
     "finalizer_shift": (("failed", "passed"), r"on a timed call|^None$"),

@@ -1,4 +1,4 @@
-"""Exploit (issue 33, item 1): a self-restoring timer. At the end of each call the kernel installs a
+"""Exploit: a self-restoring timer. At the end of each call the kernel installs a
 ``time.perf_counter_ns`` that reports a tenth of the call and puts the original back on the very read that ends
 the sample, so a snapshot taken after the batch finds the original. It is installed with ``setattr`` through a
 function's parameter (the static policy reads no module there). Its first two calls (the correctness trials)

@@ -43,11 +43,9 @@ def seeded(tmp_path_factory):
     base = tmp_path_factory.mktemp("robust-seed")
     (base / "tiny.yaml").write_text(TINY_SUITE)
     (base / "bad_seed.py").write_text(bad_seed_source())
-    for _ in range(3):  # the seed's run on a loaded machine may trip the harness's accounting check
-        res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
-                                       str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
-        if res.exit_code == 0 or "samples do not add up" not in res.output:
-            break
+    # load is noise, never a verdict: an honest seed is measured once, with no retry
+    res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
+                                   str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
     assert res.exit_code == 0, res.output
     return base / "evolve" / "t"
 

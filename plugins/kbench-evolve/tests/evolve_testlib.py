@@ -42,3 +42,18 @@ def bad_seed_source() -> str:
 def write_script(path: Path, items: list[dict]) -> Path:
     path.write_text(json.dumps(items))
     return path
+
+
+def init_bad_seed_lineage(base: Path) -> Path:
+    """Lineage `t` of the badly tuned seed (:func:`bad_seed_source`) on :data:`TINY_SUITE`, measured once under
+    ``base``; returns its folder. Load is noise, never a verdict: an honest seed is measured once, with no retry."""
+    from click.testing import CliRunner
+
+    from kbench.cli import cli
+
+    (base / "tiny.yaml").write_text(TINY_SUITE)
+    (base / "bad_seed.py").write_text(bad_seed_source())
+    res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
+                                   str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    return base / "evolve" / "t"

@@ -20,7 +20,6 @@ from kbench_evolve.llm import MAX_COUNT, _cost, _count
 from kbench_evolve.prompt import fence, memory_text
 from kbench_evolve.store import Lineage, read_jsonl
 
-from evolve_testlib import bad_seed_source
 from openai_server import ScriptedOpenAI, drip, huge, reply
 
 
@@ -38,16 +37,9 @@ def agent_run(server, *extra, command="run", steps="4"):
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
     """Lineage `t` of the badly tuned seed, measured once for the module; each test gets a copy."""
-    from evolve_testlib import TINY_SUITE
+    from evolve_testlib import init_bad_seed_lineage
 
-    base = tmp_path_factory.mktemp("robust-seed")
-    (base / "tiny.yaml").write_text(TINY_SUITE)
-    (base / "bad_seed.py").write_text(bad_seed_source())
-    # load is noise, never a verdict: an honest seed is measured once, with no retry
-    res = CliRunner().invoke(cli, ["evolve", "init", "t", "--seed", str(base / "bad_seed.py"), "--suite",
-                                   str(base / "tiny.yaml"), "--workspace", str(base / "evolve"), "--device", "cpu"])
-    assert res.exit_code == 0, res.output
-    return base / "evolve" / "t"
+    return init_bad_seed_lineage(tmp_path_factory.mktemp("robust-seed"))
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def init_bad_seed_lineage(base: Path) -> Path:
     ``base``; returns its folder. Load is noise, never a verdict: an honest seed is measured once, with no retry."""
     from click.testing import CliRunner
 
-    from kbench.cli import cli
+    from kbench.testing import cli
 
     (base / "tiny.yaml").write_text(TINY_SUITE)
     (base / "bad_seed.py").write_text(bad_seed_source())

@@ -93,7 +93,7 @@ class Judge:
         self.host_clock = bool(getattr(ctx.device, "host_clock", True))
         self.split = bool(ctx.op.backward_inputs(case))
         self.outputs = len(ctx.op.output_shapes(case))
-        self.counter = {"warmup": 0, "timed": 0, "empty": 0}
+        self.counter = {"warmup": 0, "timed": 0}
         self.threads: tuple[int | None, int | None] = (None, None)
         self.phases: dict[str, float] = {}
         self.checked: list[tuple[tuple[int, int], dict[str, np.ndarray]]] = []   # correctness calls' outputs
@@ -153,11 +153,11 @@ class Judge:
 
     def _batch(self, kind: str, calls: list) -> tuple[list[float], float, list[list[int]]]:
         """Samples of one batch, the parent's wall time of it, the non-finite counts; clock checked."""
-        if self.split and kind != "empty":
+        if self.split:
             self._forward(kind, calls)
         # an untrusted kernel's every call is scanned where it lives (shadows, NaN/Inf); a trusted library's
         # timed and warm-up calls are not (do_bench-style), the calls the judge collects are scanned here
-        scan = not self.trusted or kind in ("check", "empty")
+        scan = not self.trusted or kind == "check"
         message = {"kind": kind, "calls": calls, "scan": scan}
         if not self.trusted and kind == "timed":  # outputs into the arena inside the window: verified frozen
             message.update(self._timed_message(len(calls)))

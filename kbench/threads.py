@@ -147,10 +147,10 @@ def in_process_threads() -> dict[str, int]:
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores this process may run on: the CPU device's count, one function for both."""
+    from kbench.devices.cpu import cpu_count
+
+    return cpu_count()
 
 
 def load_state() -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ def cpu_model() -> str:
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
+    except (AttributeError, OSError):  # not on Linux
         return os.cpu_count() or 1
 
 
